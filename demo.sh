@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: starts a local etcd and our broker on local storage,
+# produces a sample topic with the official danube-client, runs the pipeline into a Delta
+# table and prints the result; then shuts down what it started.
+set -euo pipefail
+cd "$(dirname "$0")"
+python3 -m pip install --quiet --disable-pip-version-check -e .
+exec python3 -m pipelines demo "$@"

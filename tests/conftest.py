@@ -1,0 +1,131 @@
+"""Session-wide test rig: a real etcd server, a moto S3 server and one local Spark session.
+
+Every server is started once per test session on a free loopback port and torn down at the
+end. Tests get unique names (topics, buckets, key prefixes) from `unique_name` so they never
+see each other's data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from broker.embedded_etcd import EmbeddedEtcd, free_port, wait_for_port
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class MotoS3Server:
+    """moto's S3 server on a free port, as s3fs's own test suite uses it."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.port = free_port()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port)
+        self.server.start()
+        wait_for_port(self.port)
+
+    @property
+    def storage_options(self) -> dict:
+        """fsspec/s3fs storage options that reach this server."""
+        return {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
+        }
+
+    def create_bucket(self, name: str) -> None:
+        import boto3
+
+        boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket=name)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EmbeddedEtcd]:
+    server = EmbeddedEtcd()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint(etcd_server: EmbeddedEtcd) -> str:
+    """`host:port` of the session's etcd server."""
+    return etcd_server.endpoint
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoS3Server]:
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(var, "testing")
+    server = MotoS3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def unique_name(request) -> Callable[[str], str]:
+    """Names that no other test uses: `unique_name("orders")` -> `orders-<test>-<hex>`."""
+    test_part = "".join(ch if ch.isalnum() else "-" for ch in request.node.name)[:30].strip("-")
+
+    def make(prefix: str) -> str:
+        return f"{prefix}-{test_part}-{uuid.uuid4().hex[:8]}".lower()
+
+    return make
+
+
+@pytest.fixture
+def s3_bucket(moto_s3: MotoS3Server, unique_name) -> str:
+    """A fresh, empty bucket on the moto server."""
+    name = unique_name("bkt")[:63].rstrip("-")
+    moto_s3.create_bucket(name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one local[2] SparkSession with Delta for the whole run (fast settings, UI off)."""
+    from pyspark.sql import SparkSession
+    from delta import configure_spark_with_delta_pip
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    warehouse = tempfile.mkdtemp(prefix="spark-warehouse-")
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("danube-spark-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.warehouse.dir", warehouse)
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", "2")
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    )
+    session = configure_spark_with_delta_pip(builder).getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    from connectors import register
+
+    register(session)
+    yield session
+    session.stop()
+    shutil.rmtree(warehouse, ignore_errors=True)
