@@ -10,7 +10,6 @@ byte. Code creating *new* messages should sort the keys for deterministic output
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from danube_core.bincode import BincodeReader, BincodeWriter
@@ -101,4 +100,17 @@ def decode_message(buf: bytes | bytearray | memoryview, pos: int = 0) -> StreamM
 
 def with_offset(msg: StreamMessage, offset: int) -> StreamMessage:
     """Copy of `msg` stamped with the WAL offset, as `Wal::append` does before encoding (§2.6)."""
-    return dataclasses.replace(msg, msg_id=dataclasses.replace(msg.msg_id, topic_offset=offset))
+    # Built directly rather than with dataclasses.replace: this runs once per appended
+    # message and replace() re-runs field introspection each call.
+    mid = msg.msg_id
+    return StreamMessage(
+        msg.request_id,
+        MessageID(mid.producer_id, mid.topic_name, mid.broker_addr, offset),
+        msg.payload,
+        msg.publish_time,
+        msg.producer_name,
+        msg.subscription_name,
+        msg.attributes,
+        msg.schema_id,
+        msg.schema_version,
+    )
