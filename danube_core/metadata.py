@@ -1,0 +1,261 @@
+"""The metadata store: etcd's key space behind one small interface, plus an in-process twin.
+
+The broker and the connector's driver read and write Danube's etcd keys (spec §5) only through
+`MetadataStore`: keys are `str`, values are the exact JSON `bytes` (never re-encoded here, so
+u64 ids stay exact). `EtcdMetadataStore` talks to a real etcd; `MemoryMetadataStore` has the
+same semantics (sorted range reads, transactions, leases that expire, asynchronous watches)
+for unit tests and the `memory` metadata backend. Watch callbacks run on one dispatcher thread
+per store, in event order, so a callback may call back into the store.
+
+Every etcd/gRPC failure is translated here: an unreachable etcd becomes
+`MetadataUnavailableError` (retriable; names the endpoints, the operation and the key), anything
+else `MetadataError` naming the key. Reads are retried through `danube_core.retry`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from danube_core.errors import DanubeError, MetadataError
+
+logger = logging.getLogger(__name__)
+
+KeyValues = list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change under a watched prefix. `value` is None for deletes (incl. lease expiry)."""
+
+    kind: Literal["put", "delete"]
+    key: str
+    value: bytes | None
+
+
+WatchCallback = Callable[[WatchEvent], None]
+LostCallback = Callable[[DanubeError], None]
+
+
+class WatchHandle:
+    """A registered watch. Once cancelled, its callback is not called again.
+
+    (A call already running on the dispatcher thread when `cancel()` is called may finish.)
+    """
+
+    def __init__(self, prefix: str, callback: WatchCallback, on_cancel: Callable[[], None]) -> None:
+        self.prefix = prefix
+        self.callback = callback
+        self._on_cancel = on_cancel
+        self._cancelled = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        if not self._cancelled.is_set():
+            self._cancelled.set()
+            self._on_cancel()
+
+    def wait_cancelled(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for a cancel; True if cancelled (used to pace reconnects)."""
+        return self._cancelled.wait(timeout_s)
+
+
+class EventDispatcher:
+    """Runs watch callbacks on one daemon thread, in the order events were submitted.
+
+    Decouples callbacks from etcd's stream thread (or a store lock), so a callback may itself
+    read, write or watch through the store without deadlocking.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[tuple[WatchHandle, WatchEvent] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, handle: WatchHandle, events: list[WatchEvent]) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            for event in events:
+                self._queue.put((handle, event))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            handle, event = item
+            if handle.cancelled:
+                continue
+            try:
+                handle.callback(event)
+            except Exception:  # a failing callback must not stop other watches' deliveries
+                logger.exception("watch callback for prefix %r failed on %s", handle.prefix, event)
+
+    def close(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            if thread is not threading.current_thread():
+                thread.join(timeout=5.0)
+
+
+class KeepAlive:
+    """Background refresh of a lease every `interval_s` on a daemon thread; `stop()` ends it.
+
+    Retriable failures (etcd briefly unreachable) are logged and retried at the next tick; if
+    the lease turns out to be gone, the thread calls `on_lost(error)` and stops, so the owner
+    (e.g. a leader) learns it has lost what the lease protected.
+    """
+
+    def __init__(self, lease: "Lease", interval_s: float, on_lost: LostCallback | None) -> None:
+        self._lease = lease
+        self._interval_s = interval_s
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{lease.id:x}", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._lease.refresh()
+            except DanubeError as exc:
+                if exc.retriable:
+                    logger.warning("keep-alive of lease %x failed, retrying: %s", self._lease.id, exc)
+                    continue
+                logger.error("lease %x lost: %s", self._lease.id, exc)
+                if self._on_lost is not None:
+                    self._on_lost(exc)
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+
+class Lease(ABC):
+    """A TTL lease: keys put with it vanish when it expires or is revoked."""
+
+    def __init__(self, lease_id: int, ttl_s: int) -> None:
+        self.id = lease_id
+        self.ttl_s = ttl_s
+
+    @abstractmethod
+    def refresh(self) -> None:
+        """Restart the TTL. MetadataError (not retriable) if the lease has already expired."""
+
+    @abstractmethod
+    def revoke(self) -> None:
+        """End the lease now, deleting its keys. Revoking an expired lease is not an error."""
+
+    def keep_alive(
+        self, interval_s: float | None = None, on_lost: LostCallback | None = None
+    ) -> KeepAlive:
+        """Refresh in the background, by default every third of the TTL."""
+        return KeepAlive(self, interval_s if interval_s is not None else self.ttl_s / 3.0, on_lost)
+
+    def _expired(self) -> MetadataError:
+        return MetadataError(f"lease {self.id:x} (ttl {self.ttl_s}s) has expired; its keys are gone")
+
+
+class MetadataStore(ABC):
+    """Danube's etcd key space. Keys are str, values bytes; ranges are returned sorted by key."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None: ...
+
+    @abstractmethod
+    def put(self, key: str, value: bytes, lease: Lease | None = None) -> None: ...
+
+    @abstractmethod
+    def delete(self, key: str) -> bool:
+        """True if the key existed."""
+
+    @abstractmethod
+    def delete_prefix(self, prefix: str) -> int:
+        """Number of keys deleted."""
+
+    @abstractmethod
+    def get_prefix(self, prefix: str, keys_only: bool = False) -> KeyValues:
+        """All keys starting with `prefix`, sorted; values are b"" when `keys_only`."""
+
+    @abstractmethod
+    def get_range(self, start_key: str, end_key: str, limit: int | None = None) -> KeyValues:
+        """Keys in [start_key, end_key), sorted, at most `limit` of them.
+
+        Lets a reader start at a zero-padded descriptor key without scanning older ones.
+        """
+
+    @abstractmethod
+    def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> bool:
+        """Atomically create `key`; False (nothing written) if it already exists."""
+
+    @abstractmethod
+    def compare_and_put(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        """Atomically write `value` if the key holds `expected` (None: the key must be absent)."""
+
+    @abstractmethod
+    def grant_lease(self, ttl_s: int) -> Lease: ...
+
+    @abstractmethod
+    def watch_prefix(self, prefix: str, callback: WatchCallback) -> WatchHandle:
+        """Call `callback` for every put/delete under `prefix` from now on, asynchronously."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "MetadataStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_prefix(prefix: str) -> None:
+    # An empty prefix would address the whole key space (and delete_prefix would wipe it).
+    if not prefix:
+        raise ValueError("metadata prefix must not be empty")
+
+
+def check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise ValueError(f"get_range limit={limit!r}: expected None or an integer >= 1")
+
+
+def check_value(key: str, value: bytes) -> None:
+    if not isinstance(value, bytes):
+        raise TypeError(f"value for key {key!r} must be bytes, got {type(value).__name__}")
+
+
+def check_ttl(ttl_s: int) -> None:
+    if not isinstance(ttl_s, int) or ttl_s < 1:
+        raise ValueError(f"lease ttl_s={ttl_s!r}: expected an integer number of seconds >= 1")
+
+
+
+
+def __getattr__(name: str):
+    """Lazy access to the two implementations, so `from danube_core.metadata import
+    EtcdMetadataStore` works without importing grpc/pyetcd for users of the memory store."""
+    if name == "EtcdMetadataStore":
+        from danube_core.metadata_etcd import EtcdMetadataStore
+
+        return EtcdMetadataStore
+    if name == "MemoryMetadataStore":
+        from danube_core.metadata_memory import MemoryMetadataStore
+
+        return MemoryMetadataStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,492 @@
+"""`MetadataStore` over a real etcd v3 cluster, with every etcd/gRPC error translated here.
+
+An unreachable etcd becomes `MetadataUnavailableError` (retriable; names the endpoints, the
+operation and the key), anything else `MetadataError` naming the key. Reads are retried
+through `danube_core.retry`; idempotent requests fail over to the next endpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from typing import Any, Callable, TypeVar
+
+import grpc
+
+# Client choice: python-etcd3 0.12 (the original) fails to import with protobuf >= 4, which
+# grpcio and pyspark[connect] require. etcd-sdk-python (module `pyetcd`) is its maintained fork
+# with the same API, so this is the client used.
+import pyetcd
+from pyetcd import etcdrpc
+from pyetcd.events import PutEvent
+from pyetcd.exceptions import (
+    ConnectionFailedError,
+    ConnectionTimeoutError,
+    NoServerAvailableError,
+    RevisionCompactedError,
+    WatchTimedOut,
+)
+from pyetcd.watch import WatchResponse
+
+from danube_core.errors import ConfigError, DanubeError, MetadataError, MetadataUnavailableError
+from danube_core.metadata import (
+    EventDispatcher, KeyValues, Lease, MetadataStore, WatchCallback, WatchEvent, WatchHandle,
+    check_limit, check_prefix, check_ttl, check_value,
+)
+from danube_core.retry import RetryPolicy, call_with_retry
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# --- etcd -------------------------------------------------------------------------------------
+
+_UNAVAILABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_CLIENT_ERRORS = (grpc.RpcError, pyetcd.Etcd3Exception)
+# gRPC channel options. Reconnect backoff is capped at 1 s (gRPC's default grows to 120 s, so a
+# restarted etcd would stay "unavailable" long after it is back) and each channel keeps its own
+# subchannels (the shared pool would hand a new client a peer's backoff state). Keepalive pings
+# while streams are open detect a dead peer under a watch instead of waiting forever.
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+_ENDPOINT_FORMS = "host:port, http://host:port or https://host:port (comma-separated for several)"
+
+
+def _grpc_error(exc: BaseException | None) -> grpc.RpcError | None:
+    """The gRPC error behind `exc`: pyetcd re-raises it as its own class inside `except`."""
+    while exc is not None and not isinstance(exc, grpc.RpcError):
+        exc = exc.__context__
+    return exc
+
+
+def _grpc_code(exc: BaseException | None) -> grpc.StatusCode | None:
+    rpc = _grpc_error(exc)
+    return rpc.code() if rpc is not None and hasattr(rpc, "code") else None
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    unreachable = (ConnectionFailedError, ConnectionTimeoutError, NoServerAvailableError, WatchTimedOut)
+    return isinstance(exc, unreachable) or _grpc_code(exc) in _UNAVAILABLE_CODES
+
+
+def _describe(exc: BaseException | None) -> str:
+    rpc = _grpc_error(exc)
+    if rpc is not None and hasattr(rpc, "details"):
+        return f"{rpc.code().name}: {rpc.details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _key(key: str) -> str:
+    return f"key {key!r}"
+
+
+def _lease_id(lease: Lease | None) -> int | None:
+    return lease.id if lease is not None else None
+
+
+def _parse_endpoints(endpoints: str | list[str]) -> list[tuple[str, int, bool]]:
+    """`(host, port, https)` per endpoint; ConfigError naming a malformed one."""
+    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+    parsed = []
+    for raw in (item.strip() for item in items):
+        scheme, sep, rest = raw.partition("://")
+        if not sep:
+            scheme, rest = "http", raw
+        host, _, port = rest.rstrip("/").rpartition(":")
+        valid_port = port.isdigit() and 0 < int(port) < 65536
+        if scheme not in ("http", "https") or not host or not valid_port:
+            raise ConfigError(f"etcd endpoint {raw!r} in {endpoints!r}: expected {_ENDPOINT_FORMS}")
+        parsed.append((host, int(port), scheme == "https"))
+    if not parsed:
+        raise ConfigError(f"etcd endpoints {endpoints!r}: expected at least one of {_ENDPOINT_FORMS}")
+    return parsed
+
+
+def _read_file(path: str | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise ConfigError(f"etcd {what} file {path!r} cannot be read: {exc}") from exc
+
+
+class _EtcdLease(Lease):
+    def __init__(self, store: "EtcdMetadataStore", lease_id: int, ttl_s: int) -> None:
+        super().__init__(lease_id, ttl_s)
+        self._store = store
+
+    def refresh(self) -> None:
+        target = f"lease {self.id:x}"
+        replies = self._store._read("lease refresh", target, lambda c: list(c.refresh_lease(self.id)))
+        if not replies or replies[0].TTL <= 0:  # etcd answers TTL 0 for an unknown/expired lease
+            raise self._expired()
+
+    def revoke(self) -> None:
+        def revoke(client: Any) -> None:
+            try:
+                client.revoke_lease(self.id)
+            except grpc.RpcError as exc:
+                if _grpc_code(exc) != grpc.StatusCode.NOT_FOUND:
+                    raise
+
+        self._store._call("lease revoke", f"lease {self.id:x}", revoke)
+
+
+class _EtcdWatch:
+    """A prefix watch that survives losing its stream (etcd restart, failover).
+
+    It remembers the revision after the last event it passed on and resubscribes from there on
+    the current endpoint, so events are neither lost nor repeated. Only if etcd has compacted
+    those revisions are events lost; that is logged as an error.
+    """
+
+    def __init__(self, store: "EtcdMetadataStore", handle: WatchHandle) -> None:
+        self._store = store
+        self._handle = handle
+        self._prefix = handle.prefix
+        self._lock = threading.Lock()
+        self._generation = 0  # bumped per (re)subscription; stale streams' callbacks are ignored
+        self._next_revision = 0
+        self._subscription: tuple[Any, int] | None = None  # (client, watch id)
+
+    def start(self) -> None:
+        header = self._store._read(
+            "watch", _key(self._prefix), lambda c: c.get_response(self._prefix, count_only=True).header
+        )
+        self._next_revision = header.revision + 1
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        with self._lock:
+            self._generation += 1
+            callback = functools.partial(self._on_response, self._generation)
+
+        def create(client: Any) -> tuple[Any, int]:
+            def add() -> int:
+                return client.add_watch_prefix_callback(
+                    self._prefix, callback, start_revision=self._next_revision
+                )
+
+            try:
+                return client, add()
+            except RevisionCompactedError as exc:
+                self._skip_compacted(exc.compacted_revision)
+                return client, add()
+
+        subscription = self._store._call("watch", _key(self._prefix), create)
+        with self._lock:
+            if self._handle.cancelled or callback.args[0] != self._generation:
+                stale = subscription
+            else:
+                self._subscription, stale = subscription, None
+        if stale is not None:
+            _cancel_quietly(*stale)
+
+    def _skip_compacted(self, compacted_revision: int) -> None:
+        logger.error(
+            "watch on %r lost events: revisions %d..%d were compacted by etcd",
+            self._prefix, self._next_revision, compacted_revision - 1,
+        )
+        self._next_revision = compacted_revision
+
+    def _on_response(self, generation: int, response: object) -> None:
+        if self._handle.cancelled or generation != self._generation:
+            return
+        if isinstance(response, WatchResponse):
+            events = []
+            for raw in response.events:
+                self._next_revision = raw.mod_revision + 1
+                if isinstance(raw, PutEvent):
+                    events.append(WatchEvent("put", raw.key.decode(), raw.value))
+                else:
+                    events.append(WatchEvent("delete", raw.key.decode(), None))
+            if events:
+                self._store._dispatcher.submit(self._handle, events)
+            return
+        if isinstance(response, RevisionCompactedError):
+            self._skip_compacted(response.compacted_revision)
+        logger.warning(
+            "watch on %r lost its stream (%s); resubscribing from revision %d",
+            self._prefix, _describe(response) if response is not None else "closed", self._next_revision,
+        )
+        # Not on this thread: it is pyetcd's stream thread, which a new subscription would join.
+        name = f"etcd-rewatch-{self._prefix}"
+        threading.Thread(target=self._resubscribe, name=name, daemon=True).start()
+
+    def _resubscribe(self) -> None:
+        delay_s = 0.1
+        while not self._handle.cancelled and not self._store.closed:
+            try:
+                self._subscribe()
+                return
+            except DanubeError as exc:
+                logger.warning(
+                    "resubscribing watch on %r failed, next try in %.1fs: %s", self._prefix, delay_s, exc
+                )
+            if self._handle.wait_cancelled(delay_s):
+                return
+            delay_s = min(delay_s * 2, 5.0)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._generation += 1
+            subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            _cancel_quietly(*subscription)
+        self._store._forget_watch(self)
+
+
+def _cancel_quietly(client: Any, watch_id: int) -> None:
+    try:
+        client.cancel_watch(watch_id)
+    except _CLIENT_ERRORS as exc:  # the stream is gone anyway; nothing left to cancel
+        logger.debug("cancelling etcd watch %s failed: %s", watch_id, _describe(exc))
+
+
+class EtcdMetadataStore(MetadataStore):
+    """The metadata store on a real etcd v3 cluster.
+
+    `endpoints`: "host:port", "http(s)://host:port", or several (comma-separated string or
+    list). Requests go to one endpoint; when it is unreachable the store moves to the next
+    (idempotent requests are re-sent there at once). `user`/`password` enable etcd auth
+    (the token is renewed when etcd reports it expired); `ca_cert` (with optional
+    `cert_key`+`cert_cert` for client auth) or an https endpoint enables TLS. `timeout_s`
+    bounds every RPC. Construction checks that an endpoint answers and fails fast with
+    MetadataUnavailableError naming all endpoints otherwise.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | list[str],
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        ca_cert: str | None = None,
+        cert_key: str | None = None,
+        cert_cert: str | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
+        if (user is None) != (password is None):
+            raise ConfigError("etcd user and password must be given together (got only one)")
+        if (cert_key is None) != (cert_cert is None):
+            raise ConfigError("etcd cert_key and cert_cert must be given together (got only one)")
+        if not timeout_s > 0:
+            raise ConfigError(f"etcd timeout_s={timeout_s!r}: expected a number of seconds > 0")
+        self._targets = _parse_endpoints(endpoints)
+        self._labels = [f"{host}:{port}" for host, port, _ in self._targets]
+        secure = ca_cert is not None or cert_cert is not None or any(t[2] for t in self._targets)
+        self._credentials = (
+            grpc.ssl_channel_credentials(
+                _read_file(ca_cert, "CA certificate"), _read_file(cert_key, "client key"),
+                _read_file(cert_cert, "client certificate"),
+            )
+            if secure else None
+        )
+        self._user, self._password, self._timeout_s = user, password, timeout_s
+        self._read_retry = RetryPolicy(
+            max_attempts=4, initial_backoff_s=0.1, max_backoff_s=1.0, deadline_s=2 * timeout_s
+        )
+        self._lock = threading.Lock()
+        self._clients: list[Any | None] = [None] * len(self._targets)
+        self._current = 0
+        self._watches: set[_EtcdWatch] = set()
+        self._dispatcher = EventDispatcher("etcd-metadata-watch")
+        self.closed = False
+        self._connect()
+
+    def __repr__(self) -> str:
+        return f"EtcdMetadataStore({','.join(self._labels)})"
+
+    def _new_client(self, index: int) -> Any:
+        host, port, _ = self._targets[index]
+        # time_retry=0: pyetcd would otherwise refuse a once-failed endpoint for 300 s; the
+        # failover between endpoints is done by this class, one pyetcd client per endpoint.
+        endpoint = pyetcd.Endpoint(host, port, secure=self._credentials is not None,
+                                   creds=self._credentials, time_retry=0.0, opts=_CHANNEL_OPTIONS)
+        return pyetcd.MultiEndpointEtcd3Client(
+            endpoints=[endpoint], timeout=self._timeout_s, user=self._user, password=self._password
+        )
+
+    def _client(self, index: int) -> Any:
+        with self._lock:
+            if self._clients[index] is None:
+                self._clients[index] = self._new_client(index)
+            return self._clients[index]
+
+    def _drop_client(self, index: int) -> None:
+        with self._lock:
+            client, self._clients[index] = self._clients[index], None
+        if client is not None:
+            client.close()
+
+    def _connect(self) -> None:
+        """Find a live endpoint now, so a wrong or dead etcd fails at startup, within timeout_s each."""
+        last: BaseException | None = None
+        for index, label in enumerate(self._labels):
+            try:
+                client = self._client(index)
+                client.maintenancestub.Status(
+                    etcdrpc.StatusRequest(), self._timeout_s,
+                    credentials=client.call_credentials, metadata=client.metadata,
+                )
+            except _CLIENT_ERRORS as exc:
+                self._drop_client(index)
+                if not _is_unavailable(exc):
+                    raise MetadataError(
+                        f"etcd at {label} rejected the connection check: {_describe(exc)}"
+                    ) from exc
+                last = exc
+                continue
+            self._current = index
+            return
+        raise MetadataUnavailableError(
+            f"etcd unreachable at {', '.join(self._labels)} during connect "
+            f"(timeout {self._timeout_s}s per endpoint): {_describe(last)}"
+        ) from last
+
+    def _call(self, op: str, target: str, fn: Callable[[Any], T], *, failover: bool = True) -> T:
+        """Run `fn(client)` on the current endpoint, translating every client error.
+
+        On unavailability the next endpoint becomes current; with `failover` (idempotent
+        requests) `fn` is re-sent there, each endpoint tried once.
+        """
+        if self.closed:
+            raise MetadataError(f"etcd {op} of {target}: the store is closed")
+        tried: list[str] = []
+        last: BaseException | None = None
+        renewed_token = False
+        while len(tried) < len(self._labels):
+            index = self._current
+            try:
+                return fn(self._client(index))
+            except _CLIENT_ERRORS as exc:
+                token_expired = _grpc_code(exc) == grpc.StatusCode.UNAUTHENTICATED
+                if self._user and token_expired and not renewed_token:
+                    self._drop_client(index)  # auth token expired: a new client authenticates again
+                    renewed_token = True
+                    continue
+                if not _is_unavailable(exc):
+                    raise MetadataError(
+                        f"etcd {op} of {target} failed at {self._labels[index]}: {_describe(exc)}"
+                    ) from exc
+                tried.append(self._labels[index])
+                last = exc
+                self._fail_over(index)
+                if not failover:
+                    break
+        raise MetadataUnavailableError(
+            f"etcd unreachable at {', '.join(tried)} during {op} of {target}: {_describe(last)}"
+        ) from last
+
+    def _fail_over(self, index: int) -> None:
+        with self._lock:
+            if self._current == index and len(self._labels) > 1:
+                self._current = (index + 1) % len(self._labels)
+                logger.warning("etcd endpoint %s unavailable, switching to %s",
+                               self._labels[index], self._labels[self._current])
+
+    def _read(self, op: str, target: str, fn: Callable[[Any], T]) -> T:
+        return call_with_retry(
+            lambda: self._call(op, target, fn), what=f"etcd {op} of {target}", policy=self._read_retry
+        )
+
+    def get(self, key: str) -> bytes | None:
+        return self._read("get", _key(key), lambda c: c.get(key)[0])
+
+    def put(self, key: str, value: bytes, lease: Lease | None = None) -> None:
+        check_value(key, value)
+        self._call("put", _key(key), lambda c: c.put(key, value, lease=_lease_id(lease)))
+
+    def delete(self, key: str) -> bool:
+        return self._call("delete", _key(key), lambda c: c.delete(key))
+
+    def delete_prefix(self, prefix: str) -> int:
+        check_prefix(prefix)
+        return self._call("delete_prefix", _key(prefix), lambda c: c.delete_prefix(prefix).deleted)
+
+    def get_prefix(self, prefix: str, keys_only: bool = False) -> KeyValues:
+        check_prefix(prefix)
+
+        def fetch(client: Any) -> KeyValues:
+            found = client.get_prefix(prefix, keys_only=keys_only, sort_order="ascend")
+            return [(meta.key.decode(), b"" if keys_only else value) for value, meta in found]
+
+        return self._read("get_prefix", _key(prefix), fetch)
+
+    def get_range(self, start_key: str, end_key: str, limit: int | None = None) -> KeyValues:
+        check_limit(limit)
+
+        def fetch(client: Any) -> KeyValues:
+            found = client.get_range(start_key, end_key, limit=limit, sort_order="ascend")
+            return [(meta.key.decode(), value) for value, meta in found]
+
+        return self._read("get_range", f"key range [{start_key!r}, {end_key!r})", fetch)
+
+    def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> bool:
+        check_value(key, value)
+
+        def txn(client: Any) -> bool:
+            ops = client.transactions
+            put = ops.put(key, value, lease=_lease_id(lease))
+            created, _ = client.transaction(compare=[ops.create(key) == 0], success=[put], failure=[])
+            return created
+
+        # Not re-sent on failover: a lost reply would turn our own success into False.
+        return self._call("put_if_absent", _key(key), txn, failover=False)
+
+    def compare_and_put(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        check_value(key, value)
+
+        def txn(client: Any) -> bool:
+            ops = client.transactions
+            condition = ops.create(key) == 0 if expected is None else ops.value(key) == expected
+            put = ops.put(key, value)
+            swapped, _ = client.transaction(compare=[condition], success=[put], failure=[])
+            return swapped
+
+        return self._call("compare_and_put", _key(key), txn, failover=False)
+
+    def grant_lease(self, ttl_s: int) -> Lease:
+        check_ttl(ttl_s)
+        # Not re-sent on failover: after a lost reply that would grant a second lease.
+        target = f"a {ttl_s}s lease"
+        granted = self._call("grant_lease", target, lambda c: c.lease(ttl_s), failover=False)
+        return _EtcdLease(self, granted.id, granted.ttl)  # etcd raises a TTL below its minimum
+
+    def watch_prefix(self, prefix: str, callback: WatchCallback) -> WatchHandle:
+        check_prefix(prefix)
+        handle = WatchHandle(prefix, callback, lambda: watch.cancel())
+        watch = _EtcdWatch(self, handle)
+        with self._lock:
+            self._watches.add(watch)
+        try:
+            watch.start()
+        except DanubeError:
+            handle.cancel()
+            raise
+        return handle
+
+    def _forget_watch(self, watch: _EtcdWatch) -> None:
+        with self._lock:
+            self._watches.discard(watch)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            watches = list(self._watches)
+        for watch in watches:
+            watch._handle.cancel()
+        for index in range(len(self._clients)):
+            self._drop_client(index)
+        self._dispatcher.close()
