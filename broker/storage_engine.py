@@ -1,0 +1,141 @@
+"""The broker's one entry point to reliable-topic storage.
+
+The gRPC services and cluster coordination only load, get, unload and delete topics here; the
+engine owns the object store, the key layout and the settings every `ReliableTopicStorage`
+needs, so they are configured in one place (`StorageSettings`, mirroring the broker's
+`wal_cloud` config block).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from danube_core.errors import ConfigError
+from danube_core.keys import DEFAULT_ROOT_PREFIX, StorageKeys
+from danube_core.metadata import MetadataStore
+from danube_core.objectstore import ObjectStore
+from danube_core.records import SealedState
+from danube_core.topics import TopicName
+
+from broker.topic_storage import ReliableTopicStorage, TopicClosedError, delete_topic_keys
+from broker.wal import WalConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _check(ok: bool, option: str, value: object, accepted: str) -> None:
+    if not ok:
+        raise ConfigError(f"storage option {option}={value!r} is invalid; expected {accepted}")
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    """Storage configuration of a broker.
+
+    `cloud_url`/`cloud_options`: object store root and fsspec options (`wal_cloud.cloud`);
+    `root_prefix`: etcd storage root, pasted into keys exactly as given (§5.2);
+    `uploader_interval_s`, `max_object_bytes` (None: no cap): the uploader (§4.4);
+    `retention_*`: local WAL retention (§3.7); None turns a rule off.
+    """
+
+    wal: WalConfig
+    cloud_url: str
+    cloud_options: dict[str, Any] = field(default_factory=dict)
+    root_prefix: str = DEFAULT_ROOT_PREFIX
+    uploader_interval_s: float = 30.0
+    max_object_bytes: int | None = None
+    retention_max_age_s: float | None = None
+    retention_max_total_bytes: int | None = None
+    retention_check_interval_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        _check(bool(self.cloud_url), "cloud_url", self.cloud_url, "an object store URL or directory")
+        _check(self.uploader_interval_s > 0, "uploader_interval_s", self.uploader_interval_s, "seconds > 0")
+        _check(self.max_object_bytes is None or self.max_object_bytes > 0, "max_object_bytes",
+               self.max_object_bytes, "None (no cap) or bytes > 0")
+        _check(self.retention_max_age_s is None or self.retention_max_age_s >= 0, "retention_max_age_s",
+               self.retention_max_age_s, "None (off) or seconds >= 0")
+        _check(self.retention_max_total_bytes is None or self.retention_max_total_bytes >= 0,
+               "retention_max_total_bytes", self.retention_max_total_bytes, "None (off) or bytes >= 0")
+        _check(self.retention_check_interval_s > 0, "retention_check_interval_s",
+               self.retention_check_interval_s, "seconds > 0")
+
+
+def _topic(topic: TopicName | str) -> TopicName:
+    return topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+
+
+class StorageEngine:
+    """The reliable topics one broker (`broker_id`) owns. Thread-safe."""
+
+    def __init__(self, settings: StorageSettings, metadata: MetadataStore, broker_id: int) -> None:
+        self.settings = settings
+        self.broker_id = broker_id
+        self.metadata = metadata
+        self.store = ObjectStore(settings.cloud_url, settings.cloud_options)
+        self.keys = StorageKeys(settings.root_prefix)
+        self._lock = threading.Lock()
+        self._topics: dict[TopicName, ReliableTopicStorage] = {}
+
+    def load_topic(self, topic: TopicName | str) -> ReliableTopicStorage:
+        """Load `topic` here (idempotent: a loaded topic is returned as it is)."""
+        name = _topic(topic)
+        with self._lock:
+            storage = self._topics.get(name)
+            if storage is None:
+                s = self.settings
+                storage = ReliableTopicStorage.load(
+                    name, broker_id=self.broker_id, wal_config=s.wal, store=self.store,
+                    metadata=self.metadata, keys=self.keys, uploader_interval_s=s.uploader_interval_s,
+                    max_object_bytes=s.max_object_bytes, retention_max_age_s=s.retention_max_age_s,
+                    retention_max_total_bytes=s.retention_max_total_bytes,
+                    retention_check_interval_s=s.retention_check_interval_s,
+                )
+                self._topics[name] = storage
+            return storage
+
+    def get(self, topic: TopicName | str) -> ReliableTopicStorage | None:
+        """The loaded topic, or None if this broker does not serve it."""
+        with self._lock:
+            return self._topics.get(_topic(topic))
+
+    def topics(self) -> list[TopicName]:
+        with self._lock:
+            return sorted(self._topics, key=str)
+
+    def unload_topic(self, topic: TopicName | str) -> SealedState | None:
+        """Seal and hand over `topic` (see `ReliableTopicStorage.unload`).
+
+        A failed unload leaves the topic registered (refusing appends) so it can be retried.
+        """
+        name = _topic(topic)
+        storage = self.get(name)
+        if storage is None:
+            raise TopicClosedError(f"topic {name} is not loaded on broker {self.broker_id}")
+        state = storage.unload(self.broker_id)
+        with self._lock:
+            self._topics.pop(name, None)
+        return state
+
+    def delete_topic(self, topic: TopicName | str) -> None:
+        """Delete `topic`'s storage keys and cursors (and its local WAL if loaded here)."""
+        name = _topic(topic)
+        with self._lock:
+            storage = self._topics.pop(name, None)
+        if storage is not None:
+            storage.delete()
+        else:
+            delete_topic_keys(self.metadata, self.keys, name)
+
+    def close(self) -> None:
+        """Close every topic without sealing (a broker shutdown that is not a drain)."""
+        with self._lock:
+            topics, self._topics = list(self._topics.values()), {}
+        for storage in topics:
+            try:
+                storage.close()
+            except Exception:  # close the others regardless
+                logger.exception("closing %s failed", storage.topic)

@@ -1,0 +1,310 @@
+"""The storage lifecycle of one reliable topic on one broker: load, append, read, unload, delete.
+
+This is seed 003 ("reliable topic moves") done right. Differences from v0.7.3 (spec §6.2–6.7):
+
+* **Unload** refuses new appends, flushes the WAL and *waits*, drains the uploader until every
+  offset is in objects, and only then writes the sealed state; so its `last_committed_offset`
+  (the last offset handed out, inclusive, §6.4) is also the last offset uploaded. Local WAL
+  files and checkpoints are then deleted, as seed 003 describes (the broker keeps them).
+* **Load** starts the WAL after the sealed offset and seeds `uploader.ckpt`; without a sealed
+  state (the previous owner crashed) it continues after the last descriptor's end and after
+  any local WAL, never at 0 (the broker restarts at 0 and overwrites history, §6.6).
+* **Empty topics**: the sealed offset is "last offset handed out". A topic that never handed
+  one out (WAL head still 0) writes **no** marker, so the next owner starts at 0 like a new
+  topic; the broker would write 0 and make the next owner skip offset 0. A topic that started
+  at `s > 0` and got nothing new writes `s - 1`, carrying the previous owner's value on.
+* **Delete** erases the storage keys and cursors (§6.7) and the local WAL; uploading what is
+  about to lose its descriptors would be wasted, so it does not drain first. Cloud objects are
+  kept, as in the broker.
+
+Limitation: the sealed marker is deleted at load. If the new owner then crashes before any
+upload, the next owner recovers from descriptors; a marker written by a real v0.7.3 broker
+can count offsets that were never uploaded (§6.4), and those would then be handed out again.
+Markers written here never do, since unload uploads everything first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Callable, Iterator
+
+from danube_core.checkpoints import (
+    UPLOADER_CHECKPOINT_NAME,
+    WAL_CHECKPOINT_NAME,
+    UploaderCheckpoint,
+    temp_path_for,
+    write_checkpoint,
+)
+from danube_core.errors import DanubeError
+from danube_core.keys import StorageKeys, parse_subscription_key, subscriptions_prefix
+from danube_core.message import StreamMessage
+from danube_core.metadata import MetadataStore
+from danube_core.objectstore import ObjectStore
+from danube_core.records import SealedState
+from danube_core.topics import TopicName
+
+from broker.cursors import SubscriptionCursor
+from broker.retention import WalRetention
+from broker.tiered_reader import DescriptorCatalog, TieredReader
+from broker.uploader import Uploader, uploader_checkpoint_path
+from broker.wal import Wal, WalConfig
+from broker.wal_files import segment_seq
+
+logger = logging.getLogger(__name__)
+
+
+class TopicClosedError(DanubeError):
+    """The topic is unloading, unloaded or deleted on this broker; look it up again and retry."""
+
+    retriable = True
+
+
+def read_sealed_state(
+    metadata: MetadataStore, keys: StorageKeys, topic: TopicName
+) -> SealedState | None:
+    """The sealed marker if present and `sealed` (a marker with `sealed: false` is ignored)."""
+    key = keys.state_key(topic)
+    raw = metadata.get(key)
+    state = None if raw is None else SealedState.from_json(raw, key)
+    return state if state is not None and state.sealed else None
+
+
+def delete_topic_keys(metadata: MetadataStore, keys: StorageKeys, topic: TopicName) -> None:
+    """Delete `<root>/storage/topics/ns/t/` (descriptors, cur, state) and the cursor keys (§6.7)."""
+    removed = metadata.delete_prefix(keys.topic_prefix(topic))
+    cursors = 0
+    for key, _ in metadata.get_prefix(subscriptions_prefix(topic), keys_only=True):
+        if parse_subscription_key(topic, key)[1]:
+            cursors += metadata.delete(key)
+    logger.info("deleted %d storage key(s) and %d cursor(s) of %s", removed, cursors, topic)
+
+
+def delete_local_wal(directory: str, file_name: str) -> None:
+    """Remove a topic's WAL segments, checkpoints and their temp files, then the directory."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    owned = {WAL_CHECKPOINT_NAME, UPLOADER_CHECKPOINT_NAME}
+    owned |= {os.path.basename(temp_path_for(name)) for name in tuple(owned)}
+    for name in names:
+        if name in owned or segment_seq(name, file_name) is not None:
+            os.remove(os.path.join(directory, name))
+    try:
+        os.rmdir(directory)
+    except OSError as exc:  # something we do not own is still there: leave it
+        logger.warning("WAL directory %s not removed: %s", directory, exc)
+
+
+class ReliableTopicStorage:
+    """WAL + uploader + retention + reader of one reliable topic; create it with `load`."""
+
+    def __init__(
+        self,
+        topic: TopicName,
+        wal: Wal,
+        uploader: Uploader,
+        retention: WalRetention,
+        *,
+        store: ObjectStore,
+        metadata: MetadataStore,
+        keys: StorageKeys,
+        wal_floor: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.topic = topic
+        self.wal = wal
+        self.uploader = uploader
+        self.retention = retention
+        self._store = store
+        self._metadata = metadata
+        self._keys = keys
+        self._wal_floor = wal_floor
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._accepting = True
+        self._closed = False
+        self._closed_event = threading.Event()
+        self._cursors: dict[str, SubscriptionCursor] = {}
+
+    @classmethod
+    def load(
+        cls,
+        topic: TopicName | str,
+        *,
+        broker_id: int,
+        wal_config: WalConfig,
+        store: ObjectStore,
+        metadata: MetadataStore,
+        keys: StorageKeys,
+        uploader_interval_s: float = 30.0,
+        max_object_bytes: int | None = None,
+        retention_max_age_s: float | None = None,
+        retention_max_total_bytes: int | None = None,
+        retention_check_interval_s: float = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> "ReliableTopicStorage":
+        """Open the topic on broker `broker_id` and start its uploader and retention threads."""
+        topic = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        sealed, initial = _first_offset(metadata, keys, topic)
+        wal = Wal.open(topic, wal_config, initial_offset=initial)
+        try:
+            if sealed is not None:
+                _seed_uploader_checkpoint(wal, sealed, wal_config.durable, clock)
+            uploader = Uploader(
+                topic, wal, store, metadata, keys, interval_s=uploader_interval_s,
+                max_object_bytes=max_object_bytes, clock=clock, durable=wal_config.durable,
+            )
+            retention = WalRetention(
+                wal, uploader_checkpoint_path=uploader_checkpoint_path(wal),
+                max_age_s=retention_max_age_s, max_total_bytes=retention_max_total_bytes, clock=clock,
+            )
+            if sealed is not None:
+                metadata.delete(keys.state_key(topic))
+        except BaseException:
+            wal.close()
+            raise
+        logger.info("%s loaded on broker %d: next offset %d (sealed: %s)", topic, broker_id,
+                    wal.next_offset, sealed is not None)
+        uploader.start()
+        retention.start(retention_check_interval_s)
+        return cls(topic, wal, uploader, retention, store=store, metadata=metadata, keys=keys,
+                   wal_floor=initial, clock=clock)
+
+    # ---- serving ------------------------------------------------------------------------
+
+    @property
+    def next_offset(self) -> int:
+        """Offset the next append gets; a subscription without a cursor starts here (Latest)."""
+        return self.wal.next_offset
+
+    def append(self, msg: StreamMessage) -> int:
+        """Store `msg` at the next offset; TopicClosedError once unloading/closed."""
+        with self._lock:
+            if not self._accepting:
+                raise TopicClosedError(f"topic {self.topic} is not accepting messages on this broker")
+            return self.wal.append(msg)
+
+    def reader(
+        self, from_offset: int, *, follow: bool = False, stop_event: threading.Event | None = None
+    ) -> Iterator[StreamMessage]:
+        """Messages from `from_offset` (objects, then WAL, then live with `follow`): a TieredReader.
+
+        Offsets the topic had before this load come from objects, never from local WAL files
+        of an earlier incarnation. A following read ends when the topic is unloaded, deleted
+        or closed here.
+        """
+        tiered = TieredReader(self.topic, self._metadata, self._keys, self._store, self.wal,
+                              wal_floor=self._wal_floor, closed_event=self._closed_event)
+        return tiered.read(from_offset, follow=follow, stop_event=stop_event)
+
+    def subscription_cursor(self, subscription: str) -> SubscriptionCursor:
+        """The cursor of `subscription` (loaded from etcd once); flushed on unload and close."""
+        with self._lock:
+            cursor = self._cursors.get(subscription)
+            if cursor is None:
+                cursor = SubscriptionCursor(self._metadata, self.topic, subscription)
+                cursor.load()
+                self._cursors[subscription] = cursor
+            return cursor
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def _quiesce(self) -> None:
+        """Refuse appends and stop the background threads; TopicClosedError if already closed."""
+        with self._lock:
+            if self._closed:
+                raise TopicClosedError(f"topic {self.topic} is already unloaded, deleted or closed here")
+            self._accepting = False
+        self.uploader.stop()
+        self.retention.stop()
+
+    def _finish(self, flush_cursors: bool) -> None:
+        try:
+            if flush_cursors:
+                for cursor in list(self._cursors.values()):
+                    cursor.flush()
+        finally:
+            self.wal.close()
+            with self._lock:
+                self._closed = True
+            self._closed_event.set()
+
+    def unload(self, broker_id: int) -> SealedState | None:
+        """Hand the topic over: upload everything, seal, delete the local WAL.
+
+        Returns the sealed state written (None for a topic that never handed out an offset).
+        If the drain fails (object store down, a corrupt WAL frame) nothing is sealed or
+        deleted, appends stay refused, and `unload` may be called again.
+        """
+        self._quiesce()
+        for cursor in list(self._cursors.values()):
+            cursor.flush()
+        self.uploader.drain()
+        head = self.wal.next_offset
+        state = None
+        if head > 0:
+            state = SealedState(broker_id=broker_id, last_committed_offset=head - 1, sealed=True,
+                                timestamp=int(self._clock()))
+            self._metadata.put(self._keys.state_key(self.topic), state.to_json())
+        self._finish(flush_cursors=False)
+        delete_local_wal(self.wal.directory, self.wal.config.file_name)
+        logger.info("%s unloaded by broker %d: sealed at %s", self.topic, broker_id,
+                    state.last_committed_offset if state else "nothing (empty topic)")
+        return state
+
+    def delete(self) -> None:
+        """Delete the topic's storage keys, cursors and local WAL (§6.7; objects are kept)."""
+        self._quiesce()
+        self._cursors.clear()  # flushing them now would recreate the cursor keys
+        self._finish(flush_cursors=False)
+        delete_topic_keys(self._metadata, self._keys, self.topic)
+        delete_local_wal(self.wal.directory, self.wal.config.file_name)
+
+    def close(self) -> None:
+        """Stop here as a crash would, but cleanly: flush, no seal, local files kept. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+        self._quiesce()
+        self._finish(flush_cursors=True)
+
+
+def _first_offset(
+    metadata: MetadataStore, keys: StorageKeys, topic: TopicName
+) -> tuple[SealedState | None, int]:
+    """The sealed state (None if absent) and the lowest offset the new WAL may hand out:
+    after the sealed offset and after every descriptor (the WAL adds its local files)."""
+    sealed = read_sealed_state(metadata, keys, topic)
+    last = DescriptorCatalog(metadata, keys, topic).last()
+    initial = max(
+        sealed.last_committed_offset + 1 if sealed is not None else 0,
+        last.end_offset + 1 if last is not None else 0,
+    )
+    if sealed is None and last is not None:
+        logger.warning(
+            "%s has no sealed state but objects up to offset %d (its previous owner did not "
+            "unload); continuing at %d or after the local WAL, never at 0", topic, last.end_offset, initial,
+        )
+    return sealed, initial
+
+
+def _seed_uploader_checkpoint(
+    wal: Wal, sealed: SealedState, durable: bool, clock: Callable[[], float]
+) -> None:
+    """Record the sealed offset as the uploader's starting point (seed 003), unless this host
+    already has an `uploader.ckpt` for the topic: that one knows what its WAL files hold.
+
+    No object id is written: nothing was uploaded from this WAL yet, which is also how the
+    retention reads it. The uploader reconciles this with etcd's descriptors at its start.
+    """
+    path = uploader_checkpoint_path(wal)
+    if os.path.exists(path):
+        return
+    ckpt = UploaderCheckpoint(last_committed_offset=sealed.last_committed_offset, last_read_file_seq=0,
+                              last_read_byte_position=0, last_object_id=None,
+                              updated_at=int(clock()))
+    write_checkpoint(path, ckpt.encode(), fsync=durable)
