@@ -1,0 +1,206 @@
+"""Ingest through the official danube-client into our broker, durable writes on.
+
+Starts a local etcd and one broker process (`python -m broker`) with
+`wal_cloud.wal.file_sync.durable: true`: a SendMessage is answered only after its WAL frame is
+written and fsync(2)ed (group commit, see broker/durable_ack.py). Then 1 and 4 producer
+processes (each its own danube-client `Producer`, `--in-flight` sends pipelined per producer)
+send 100-byte messages with one attribute to one reliable topic. Reports msgs/s and the
+p50/p99 latency of `producer.send()`.
+
+Baseline, same run and same client code: the same producers against a no-op gRPC server that
+answers every call at once. It is the ceiling this machine's Python gRPC stack allows, so
+`ratio` = broker msgs/s / baseline msgs/s shows what the broker itself costs.
+
+    python bench/bench_ingest.py [--messages 10000] [--in-flight 64] [--flush-interval-ms 5]
+
+Prints a table and writes bench/results/ingest.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from broker.embedded_etcd import EmbeddedEtcd, free_port, wait_for_port  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "ingest.json"
+PAYLOAD = bytes(range(100))
+
+
+def _noop_server(port: int) -> None:
+    """A gRPC server that accepts everything at once (the baseline)."""
+    import grpc
+    from danube.proto import DanubeApi_pb2 as pb
+    from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+
+    url = f"http://127.0.0.1:{port}"
+
+    class Producers(pb_grpc.ProducerServiceServicer):
+        async def CreateProducer(self, request, context):
+            return pb.ProducerResponse(request_id=request.request_id, producer_id=1, producer_name=request.producer_name)
+
+        async def SendMessage(self, request, context):
+            return pb.MessageResponse(request_id=request.request_id)
+
+    class Discovery(pb_grpc.DiscoveryServicer):
+        async def TopicLookup(self, request, context):
+            return pb.TopicLookupResponse(request_id=request.request_id, response_type=pb.TopicLookupResponse.Connect,
+                                          broker_url=url, connect_url=url)
+
+    class Health(pb_grpc.HealthCheckServicer):
+        async def HealthCheck(self, request, context):
+            return pb.HealthCheckResponse(status=pb.HealthCheckResponse.OK)
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        pb_grpc.add_ProducerServiceServicer_to_server(Producers(), server)
+        pb_grpc.add_DiscoveryServicer_to_server(Discovery(), server)
+        pb_grpc.add_HealthCheckServicer_to_server(Health(), server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def _producer_process(url: str, topic: str, name: str, messages: int, in_flight: int, out: multiprocessing.Queue) -> None:
+    from danube import DanubeClientBuilder, DispatchStrategy
+
+    async def run() -> dict:
+        client = await DanubeClientBuilder().service_url(url).build()
+        producer = (client.new_producer().with_topic(topic).with_name(name)
+                    .with_dispatch_strategy(DispatchStrategy.RELIABLE).build())
+        await producer.create()
+        latencies: list[float] = []
+        slots = asyncio.Semaphore(in_flight)
+
+        async def send(i: int) -> None:
+            async with slots:
+                started = time.perf_counter()
+                await producer.send(PAYLOAD, {"i": str(i)})
+                latencies.append(time.perf_counter() - started)
+
+        started = time.time()
+        await asyncio.gather(*(send(i) for i in range(messages)))
+        ended = time.time()
+        await producer.close()
+        return {"started": started, "ended": ended, "latencies": latencies}
+
+    out.put(asyncio.run(run()))
+
+
+def run_case(url: str, topic: str, producers: int, messages: int, in_flight: int) -> dict:
+    """`producers` processes each sending `messages`; aggregate msgs/s and latency percentiles."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_producer_process, args=(url, topic, f"bench-{i}", messages, in_flight, out))
+             for i in range(producers)]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(60)
+    latencies = sorted(lat for r in results for lat in r["latencies"])
+    elapsed = max(r["ended"] for r in results) - min(r["started"] for r in results)
+    total = len(latencies)
+    return {
+        "producers": producers,
+        "messages": total,
+        "seconds": round(elapsed, 3),
+        "msgs_per_s": round(total / elapsed),
+        "p50_ms": round(latencies[total // 2] * 1000, 2),
+        "p99_ms": round(latencies[min(total - 1, int(total * 0.99))] * 1000, 2),
+        "mean_ms": round(statistics.fmean(latencies) * 1000, 2),
+    }
+
+
+def _start_broker(workdir: Path, etcd: EmbeddedEtcd, flush_interval_ms: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    config = {
+        "broker": {"host": "127.0.0.1", "ports": {"client": port, "admin": free_port()}},
+        "meta_store": {"host": "127.0.0.1", "port": etcd.port},
+        "coordination": {"leader_check_interval_seconds": 0.2},
+        "wal_cloud": {
+            "wal": {"dir": str(workdir / "wal"), "file_sync": {"interval_ms": flush_interval_ms, "durable": True}},
+            "uploader": {"interval_seconds": 30, "root_prefix": "/danube-data"},
+            "cloud": {"backend": "fs", "root": str(workdir / "cloud")},
+        },
+    }
+    path = workdir / "broker.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = open(workdir / "broker.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "broker", "--config", str(path), "--log-level", "WARNING"],
+                            cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)})
+    wait_for_port(port)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _print_table(rows: list[dict]) -> None:
+    header = f"{'target':<10}{'producers':>10}{'messages':>10}{'msgs/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>8}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(f"{row['target']:<10}{row['producers']:>10}{row['messages']:>10}{row['msgs_per_s']:>10}"
+              f"{row['p50_ms']:>9}{row['p99_ms']:>9}{row.get('ratio', ''):>8}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=10_000, help="messages per producer")
+    parser.add_argument("--in-flight", type=int, default=64, help="pipelined sends per producer")
+    parser.add_argument("--flush-interval-ms", type=int, default=5, help="wal_cloud.wal.file_sync.interval_ms")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
+    etcd = EmbeddedEtcd(data_dir=str(workdir / "etcd"))
+    broker, url = _start_broker(workdir, etcd, args.flush_interval_ms)
+    baseline_port = free_port()
+    ctx = multiprocessing.get_context("spawn")
+    baseline = ctx.Process(target=_noop_server, args=(baseline_port,), daemon=True)
+    baseline.start()
+    wait_for_port(baseline_port)
+    rows = []
+    try:
+        for producers in (1, 4):
+            base = run_case(f"http://127.0.0.1:{baseline_port}", "/default/bench", producers, args.messages, args.in_flight)
+            rows.append({"target": "no-op", **base})
+            real = run_case(url, f"/default/ingest-{producers}p", producers, args.messages, args.in_flight)
+            rows.append({"target": "broker", **real, "ratio": round(real["msgs_per_s"] / base["msgs_per_s"], 2)})
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.wait(60)
+        baseline.terminate()
+        etcd.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    _print_table(rows)
+    print(f"durable writes: fsync + ack after flush (group commit); file_sync.interval_ms={args.flush_interval_ms}")
+    report = {
+        "benchmark": "ingest through danube-client 0.5 (100-byte messages, durable)",
+        "flush": {"durable": True, "interval_ms": args.flush_interval_ms, "ack": "after the WAL flush + fsync (group commit)"},
+        "in_flight_per_producer": args.in_flight,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "rows": rows,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""This broker's membership in the cluster (spec §5.5, §6): registration, state, assignments.
+
+* Registration: `/cluster/register/{id}` under a lease (TTL `register_ttl_seconds`, Danube: 32 s)
+  refreshed every third of the TTL. The value carries the extension field `wal_url`. If the
+  lease is lost (etcd unreachable longer than the TTL) the broker registers again.
+* State: `/cluster/brokers/{id}/state` = `{"mode":"active","reason":"boot"}` at start.
+* Assignments: the leader puts `/cluster/brokers/{id}/{ns}/{topic}`; a put loads the topic, a
+  delete releases it. A release is an **unload** (seal, keep storage keys) when the unassigned
+  marker says so *or* the topic is still in its namespace index; otherwise it is a **delete**.
+  Danube looks only at the marker, which the leader may already have removed (§6.8). After an
+  unload the marker is rewritten with `"released": true`, which lets the leader reassign.
+* Load reports: `/cluster/load/{id}` every `load_report_interval_seconds`.
+
+Watch callbacks only queue events; one worker thread applies them in order, so loading a
+topic never holds up the metadata store's watch thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Callable, Protocol
+
+from danube_core.errors import DanubeError
+from danube_core.keys import (
+    broker_assignments_prefix,
+    broker_state_key,
+    cluster_name_key,
+    load_key,
+    namespace_topic_key,
+    parse_assignment_key,
+    register_key,
+    unassigned_key,
+)
+from danube_core.metadata import KeepAlive, Lease, MetadataStore, WatchEvent, WatchHandle
+from danube_core.records import NULL_JSON, BrokerRegistration, BrokerState, UnassignedMarker
+from danube_core.topics import TopicName
+
+from broker.config import CoordinationConfig
+from broker.leader import released_marker
+from broker.load_report import LoadReporter, TopicLoad
+
+logger = logging.getLogger(__name__)
+
+UNLOAD_REASONS = ("unload", "rebalance", "drain_redirect")
+
+
+class AssignmentListener(Protocol):
+    """What the membership drives; both calls may block until the topic is (un)loaded."""
+
+    def on_assigned(self, topic: TopicName) -> None: ...
+
+    def on_released(self, topic: TopicName, unload: bool) -> None: ...
+
+    def topic_loads(self) -> list[TopicLoad]: ...
+
+
+class ClusterMembership:
+    """Registers this broker, follows its assignments and publishes its load."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        broker_id: int,
+        registration: BrokerRegistration,
+        cluster_name: str,
+        coordination: CoordinationConfig,
+    ) -> None:
+        self._metadata = metadata
+        self.broker_id = broker_id
+        self._registration = registration
+        self._cluster_name = cluster_name
+        self._coordination = coordination
+        self._events: queue.SimpleQueue[tuple[str, TopicName] | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._lease: Lease | None = None
+        self._keep_alive: KeepAlive | None = None
+        self._watch: WatchHandle | None = None
+        self._threads: list[threading.Thread] = []
+        self._listener: AssignmentListener | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def join(self, listener: AssignmentListener) -> None:
+        """Register, mark active, start following assignments and reporting load."""
+        self._listener = listener
+        self._metadata.put_if_absent(cluster_name_key(self._cluster_name), NULL_JSON)
+        self._register()
+        self._metadata.put(broker_state_key(self.broker_id), BrokerState("active", "boot").to_json())
+        self._watch = self._metadata.watch_prefix(broker_assignments_prefix(self.broker_id), self._on_event)
+        for key, _ in self._metadata.get_prefix(broker_assignments_prefix(self.broker_id), keys_only=True):
+            parsed = parse_assignment_key(key)
+            if parsed is not None:
+                self._events.put(("put", parsed[1]))
+        self._start_thread("assignments", self._apply_events)
+        self._start_thread("load-report", self._report_load)
+        logger.info("broker %d joined cluster %s as %s", self.broker_id, self._cluster_name,
+                    self._registration.broker_url)
+
+    def leave(self) -> None:
+        """Stop following assignments and end the registration lease (deletes the key)."""
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.cancel()
+        self._events.put(None)
+        for thread in self._threads:
+            thread.join(timeout=10.0)
+        if self._keep_alive is not None:
+            self._keep_alive.stop()
+        if self._lease is not None:
+            try:
+                self._lease.revoke()
+            except DanubeError as exc:
+                logger.warning("revoking the registration lease of broker %d failed: %s", self.broker_id, exc)
+        logger.info("broker %d left the cluster", self.broker_id)
+
+    def _start_thread(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=f"{name}-{self.broker_id}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # ---- registration -------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        ttl = self._coordination.register_ttl_seconds
+        lease = self._metadata.grant_lease(ttl)
+        self._metadata.put(register_key(self.broker_id), self._registration.to_json(), lease=lease)
+        self._lease = lease
+        self._keep_alive = lease.keep_alive(ttl / 3.0, on_lost=self._on_lease_lost)
+
+    def _on_lease_lost(self, error: DanubeError) -> None:
+        if self._stop.is_set():
+            return
+        logger.error("registration of broker %d expired (%s); registering again", self.broker_id, error)
+        threading.Thread(target=self._register_again, name=f"reregister-{self.broker_id}", daemon=True).start()
+
+    def _register_again(self) -> None:
+        delay_s = 0.2
+        while not self._stop.is_set():
+            try:
+                self._register()
+                return
+            except DanubeError as exc:
+                logger.warning("registering broker %d again failed, retrying in %.1fs: %s",
+                               self.broker_id, delay_s, exc)
+            self._stop.wait(delay_s)
+            delay_s = min(delay_s * 2, 5.0)
+
+    # ---- assignments --------------------------------------------------------------------------
+
+    def _on_event(self, event: WatchEvent) -> None:
+        parsed = parse_assignment_key(event.key)
+        if parsed is not None and parsed[0] == self.broker_id:
+            self._events.put((event.kind, parsed[1]))
+
+    def _apply_events(self) -> None:
+        while (item := self._events.get()) is not None:
+            kind, topic = item
+            try:
+                if kind == "put":
+                    self._listener.on_assigned(topic)
+                else:
+                    self._release(topic)
+            except Exception:  # one bad topic must not stop the others
+                logger.exception("broker %d could not apply assignment %s of %s", self.broker_id, kind, topic)
+
+    def _release(self, topic: TopicName) -> None:
+        key = unassigned_key(topic)
+        marker_raw = self._metadata.get(key)
+        is_marker = marker_raw is not None and marker_raw != NULL_JSON
+        marked_unload = is_marker and UnassignedMarker.from_json(marker_raw, key).reason in UNLOAD_REASONS
+        unload = marked_unload or self._metadata.get(namespace_topic_key(topic)) is not None
+        self._listener.on_released(topic, unload=unload)
+        if marked_unload:
+            # Tell the leader we are done, unless it already moved on (the marker changed).
+            self._metadata.compare_and_put(key, marker_raw, released_marker(marker_raw, key))
+
+    # ---- load reports -------------------------------------------------------------------------
+
+    def _report_load(self) -> None:
+        reporter = LoadReporter(self.broker_id)
+        interval_s = self._coordination.load_report_interval_seconds
+        while True:
+            try:
+                self._metadata.put(load_key(self.broker_id), reporter.report(self._listener.topic_loads()))
+            except DanubeError as exc:
+                logger.warning("load report of broker %d failed: %s", self.broker_id, exc)
+            if self._stop.wait(interval_s):
+                return

@@ -1,0 +1,84 @@
+"""Acknowledge a publish only once its WAL frame is flushed (fsynced when `durable`): group commit.
+
+With `wal_cloud.wal.file_sync.durable: true` a SendMessage is answered after the frame holding
+the message is on disk. Waiting for the WAL's periodic flush (`interval_ms`, 5 s by default)
+would make every send that slow, so a committer thread flushes as soon as someone waits and the
+previous flush is done: while one fsync runs, the next batch collects every message that
+arrives meanwhile. Danube acknowledges as soon as the message is in memory (§3.3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+
+from broker.wal import Wal
+
+logger = logging.getLogger(__name__)
+
+
+class FlushWaiter:
+    """Futures resolved when the WAL has flushed their offset. `wait` runs on the event loop."""
+
+    def __init__(self, wal: Wal, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        self._wal = wal
+        self._loop = loop
+        self._cond = threading.Condition()
+        self._wanted = -1
+        self._stopping = False
+        self._waiters: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
+        self._thread = threading.Thread(target=self._run, name=f"flush-waiter-{name}", daemon=True)
+        self._thread.start()
+
+    def wait(self, offset: int) -> asyncio.Future:
+        """A future that completes when `offset` is flushed (or fails with the flush error)."""
+        future = self._loop.create_future()
+        self._waiters.append((offset, future))
+        with self._cond:
+            if offset > self._wanted:
+                self._wanted = offset
+                self._cond.notify()
+        return future
+
+    def close(self) -> None:
+        """Flush what is waited for, resolve it, and stop the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout=30.0)
+
+    def _run(self) -> None:
+        flushed = -1
+        while True:
+            with self._cond:
+                while self._wanted <= flushed and not self._stopping:
+                    self._cond.wait()
+                if self._wanted <= flushed and self._stopping:
+                    return
+            try:
+                result = self._wal.flush()
+            except Exception as exc:  # the batch stays in the WAL; waiters learn it is not on disk
+                logger.exception("flushing the WAL of %s failed", self._wal.topic)
+                self._loop.call_soon_threadsafe(self._fail, exc)
+                with self._cond:
+                    if self._stopping:
+                        return
+                    self._cond.wait(0.1)
+                continue
+            if result is not None and result > flushed:
+                flushed = result
+                self._loop.call_soon_threadsafe(self._resolve, flushed)
+
+    def _resolve(self, flushed: int) -> None:
+        while self._waiters and self._waiters[0][0] <= flushed:
+            _, future = self._waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    def _fail(self, error: Exception) -> None:
+        while self._waiters:
+            _, future = self._waiters.popleft()
+            if not future.done():
+                future.set_exception(error)

@@ -1,0 +1,364 @@
+"""Leader election and the leader's work: placing topics and failing over dead brokers (§5.5, §6).
+
+Election: `/cluster/leader` = this broker's id (a JSON number) under a lease (TTL
+`leader_ttl_seconds`, Danube: 14 s) refreshed every half TTL, created only if absent. Every
+broker checks the key every `leader_check_interval_seconds` and also watches it, so when a
+leader dies another broker takes over as soon as the lease expires.
+
+While leading, `TopicAssigner` watches `/cluster/unassigned/` and `/cluster/register/`:
+* a marker is assigned to the active registered broker with the fewest assignments (round-
+  robin among equals), excluding `from_broker` for an unload, and then deleted;
+* for an **unload** of a reliable topic the assignment waits until the old owner has written
+  its sealed state, marked the marker `"released": true` (an extension field), or is gone, so
+  the new owner starts after the sealed offset. Danube assigns at once and the new owner may
+  load before the seal exists;
+* when a registration disappears, the broker's assignments are deleted and each topic gets a
+  `null` marker (failover). On taking over, the leader also sweeps for brokers that died
+  while nobody led.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from typing import Callable
+
+from danube_core.errors import DanubeError
+from danube_core.keys import (
+    BROKERS_PREFIX,
+    LEADER_KEY,
+    REGISTER_PREFIX,
+    UNASSIGNED_PREFIX,
+    StorageKeys,
+    assignment_key,
+    broker_state_key,
+    delivery_key,
+    namespace_topic_key,
+    parse_assignment_key,
+    register_key,
+    topic_from_unassigned_key,
+    unassigned_key,
+)
+from danube_core.metadata import KeepAlive, Lease, MetadataStore, WatchEvent, WatchHandle
+from danube_core.records import (
+    NON_RELIABLE,
+    NULL_JSON,
+    BrokerState,
+    SealedState,
+    UnassignedMarker,
+    dump_json,
+    dump_u64,
+    load_json,
+    parse_delivery,
+    parse_u64,
+)
+from danube_core.topics import TopicName
+
+logger = logging.getLogger(__name__)
+
+RELEASED_FIELD = "released"  # extension field of an unload marker; Danube ignores unknown fields
+SEAL_WAIT_S = 30.0
+INDEX_WAIT_S = 5.0
+RETRY_DELAY_S = 0.05
+
+
+def released_marker(raw: bytes, key: str) -> bytes:
+    """The unload marker `raw` with `"released": true`: the old owner finished unloading.
+
+    An empty topic is unloaded without a sealed state, so the seal alone cannot tell the leader
+    that the old owner is done.
+    """
+    return dump_json({**load_json(raw, key), RELEASED_FIELD: True})
+
+
+def is_released(raw: bytes, key: str) -> bool:
+    value = load_json(raw, key)
+    return isinstance(value, dict) and value.get(RELEASED_FIELD) is True
+
+
+class LeaderElection:
+    """Campaigns for `/cluster/leader`; calls `on_elected` / `on_deposed` on transitions."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        broker_id: int,
+        ttl_s: int,
+        check_interval_s: float,
+        on_elected: Callable[[], None],
+        on_deposed: Callable[[], None],
+    ) -> None:
+        self._metadata = metadata
+        self._broker_id = broker_id
+        self._ttl_s = ttl_s
+        self._check_interval_s = check_interval_s
+        self._on_elected, self._on_deposed = on_elected, on_deposed
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lease: Lease | None = None
+        self._keep_alive: KeepAlive | None = None
+        self._leading = False
+        self._watch: WatchHandle | None = None
+        self._thread = threading.Thread(target=self._run, name=f"leader-election-{broker_id}", daemon=True)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leading
+
+    def start(self) -> None:
+        self._watch = self._metadata.watch_prefix(LEADER_KEY, lambda event: self._wake.set())
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop campaigning; a leader gives the key up at once so another broker takes over."""
+        self._stop.set()
+        self._wake.set()
+        if self._watch is not None:
+            self._watch.cancel()
+        self._thread.join(timeout=10.0)
+        if self._leading:
+            self._step_down("shutting down")
+        if self._lease is not None:
+            try:
+                self._lease.revoke()
+            except DanubeError as exc:
+                logger.warning("revoking the leader lease failed: %s", exc)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._check()
+            except DanubeError as exc:
+                logger.warning("leader check of broker %d failed: %s", self._broker_id, exc)
+            self._wake.wait(self._check_interval_s)
+            self._wake.clear()
+
+    def _check(self) -> None:
+        raw = self._metadata.get(LEADER_KEY)
+        if raw is None:
+            self._campaign()
+            return
+        leader = parse_u64(raw, LEADER_KEY)
+        if leader != self._broker_id and self._leading:
+            self._step_down(f"broker {leader} holds {LEADER_KEY}")
+
+    def _campaign(self) -> None:
+        lease = self._metadata.grant_lease(self._ttl_s)
+        if not self._metadata.put_if_absent(LEADER_KEY, dump_u64(self._broker_id), lease=lease):
+            lease.revoke()
+            return
+        if self._keep_alive is not None:
+            self._keep_alive.stop()
+        self._lease = lease
+        self._keep_alive = lease.keep_alive(self._ttl_s / 2.0, on_lost=lambda exc: self._lost(exc))
+        self._leading = True
+        logger.info("broker %d is the cluster leader", self._broker_id)
+        self._on_elected()
+
+    def _lost(self, error: DanubeError) -> None:
+        self._step_down(f"leader lease lost: {error}")
+        self._wake.set()
+
+    def _step_down(self, why: str) -> None:
+        if self._leading:
+            self._leading = False
+            logger.warning("broker %d is no longer the leader (%s)", self._broker_id, why)
+            self._on_deposed()
+
+
+class TopicAssigner:
+    """The leader's placement and failover loop; `start` when elected, `stop` when deposed."""
+
+    def __init__(self, metadata: MetadataStore, storage_keys: StorageKeys, seal_wait_s: float = SEAL_WAIT_S) -> None:
+        self._metadata = metadata
+        self._storage_keys = storage_keys
+        self._seal_wait_s = seal_wait_s
+        self._jobs: list[tuple[float, int, str, str]] = []  # (due, seq, kind, key)
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._running = False
+        self._watches: list[WatchHandle] = []
+        self._thread: threading.Thread | None = None
+        self._last_choice: int | None = None
+        self._first_seen: dict[tuple[str, str], float] = {}
+
+    def start(self) -> None:
+        with self._cond:
+            if self._running:
+                return
+            self._running = True
+            self._jobs.clear()
+        self._watches = [
+            self._metadata.watch_prefix(UNASSIGNED_PREFIX, self._on_unassigned_event),
+            self._metadata.watch_prefix(REGISTER_PREFIX, self._on_register_event),
+        ]
+        self._thread = threading.Thread(target=self._run, name="topic-assigner", daemon=True)
+        self._thread.start()
+        self._schedule("sweep", "")
+        for key, _ in self._metadata.get_prefix(UNASSIGNED_PREFIX, keys_only=True):
+            self._schedule("assign", key)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._running = False
+            self._cond.notify_all()
+        for watch in self._watches:
+            watch.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)
+
+    def _on_unassigned_event(self, event: WatchEvent) -> None:
+        if event.kind == "put":
+            self._schedule("assign", event.key)
+
+    def _on_register_event(self, event: WatchEvent) -> None:
+        if event.kind == "delete":
+            self._schedule("failover", event.key[len(REGISTER_PREFIX):])
+
+    def _schedule(self, kind: str, key: str, delay_s: float = 0.0) -> None:
+        with self._cond:
+            heapq.heappush(self._jobs, (time.monotonic() + delay_s, next(self._seq), kind, key))
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._running and (not self._jobs or self._jobs[0][0] > time.monotonic()):
+                    self._cond.wait(self._jobs[0][0] - time.monotonic() if self._jobs else None)
+                if not self._running:
+                    return
+                _, _, kind, key = heapq.heappop(self._jobs)
+            try:
+                self._do(kind, key)
+            except DanubeError as exc:
+                logger.warning("leader job %s %s failed, retrying: %s", kind, key, exc)
+                self._schedule(kind, key, delay_s=0.5)
+
+    def _do(self, kind: str, key: str) -> None:
+        if kind == "assign":
+            self._assign(key)
+        elif kind == "failover" and key.isdigit():
+            self._failover(int(key))
+        elif kind == "sweep":
+            self._sweep()
+
+    # ---- placement ----------------------------------------------------------------------------
+
+    def _assign(self, key: str) -> None:
+        raw = self._metadata.get(key)
+        if raw is None:
+            return  # already handled
+        topic = topic_from_unassigned_key(key)
+        if self._metadata.get(namespace_topic_key(topic)) is None:
+            # A new topic's marker is written before its namespace index entry (§6.1): wait a
+            # little before deciding the topic was deleted meanwhile.
+            if self._waited(("index", key)) < INDEX_WAIT_S:
+                self._schedule("assign", key, delay_s=RETRY_DELAY_S)
+                return
+            logger.info("topic %s is not in its namespace index; dropping %s", topic, key)
+            self._forget(key)
+            self._metadata.delete(key)
+            return
+        marker = UnassignedMarker.from_json(raw, key)
+        if marker.reason == "unload" and marker.from_broker is not None and not self._released(topic, marker, key, raw):
+            self._schedule("assign", key, delay_s=RETRY_DELAY_S)
+            return
+        self._forget(key)
+        exclude = marker.from_broker if marker.reason in ("unload", "rebalance", "drain_redirect") else None
+        target = self._choose(exclude, preferred=marker.to_broker)
+        if target is None:
+            logger.warning("no active broker can take %s yet; retrying", topic)
+            self._schedule("assign", key, delay_s=0.5)
+            return
+        self._metadata.put(assignment_key(target, topic), NULL_JSON)
+        self._metadata.delete(key)
+        logger.info("topic %s assigned to broker %d", topic, target)
+
+    def _released(self, topic: TopicName, marker: UnassignedMarker, key: str, raw: bytes) -> bool:
+        """True once the old owner sealed the topic, is gone, or the wait timed out."""
+        if is_released(raw, key) or not self._registered(marker.from_broker):
+            return True
+        delivery_raw = self._metadata.get(delivery_key(topic))
+        if delivery_raw is not None and parse_delivery(delivery_raw, delivery_key(topic)) == NON_RELIABLE:
+            return True
+        state_key = self._storage_keys.state_key(topic)
+        state_raw = self._metadata.get(state_key)
+        if state_raw is not None:
+            state = SealedState.from_json(state_raw, state_key)
+            if state.sealed and state.broker_id == marker.from_broker:
+                return True
+        if self._waited(("seal", key)) > self._seal_wait_s:
+            logger.warning("broker %d did not seal %s within %.0fs; assigning anyway",
+                           marker.from_broker, topic, self._seal_wait_s)
+            return True
+        return False
+
+    def _waited(self, what: tuple[str, str]) -> float:
+        """Seconds since this wait (kind, marker key) started."""
+        return time.monotonic() - self._first_seen.setdefault(what, time.monotonic())
+
+    def _forget(self, key: str) -> None:
+        for kind in ("index", "seal"):
+            self._first_seen.pop((kind, key), None)
+
+    def _registered(self, broker_id: int) -> bool:
+        return self._metadata.get(register_key(broker_id)) is not None
+
+    def _choose(self, exclude: int | None, preferred: int | None) -> int | None:
+        """Least-assigned active broker; the excluded one only if it is the last one standing."""
+        active = [b for b in self._registered_ids() if self._is_active(b)]
+        if preferred in active and preferred != exclude:
+            return preferred
+        candidates = [b for b in active if b != exclude] or active
+        if not candidates:
+            return None
+        counts = self._assignment_counts()
+        least = min(counts.get(b, 0) for b in candidates)
+        tied = sorted(b for b in candidates if counts.get(b, 0) == least)
+        after = [b for b in tied if self._last_choice is not None and b > self._last_choice]
+        self._last_choice = (after or tied)[0]
+        return self._last_choice
+
+    def _registered_ids(self) -> list[int]:
+        rows = self._metadata.get_prefix(REGISTER_PREFIX, keys_only=True)
+        return [int(k[len(REGISTER_PREFIX):]) for k, _ in rows if k[len(REGISTER_PREFIX):].isdigit()]
+
+    def _is_active(self, broker_id: int) -> bool:
+        key = broker_state_key(broker_id)
+        raw = self._metadata.get(key)
+        return raw is None or BrokerState.from_json(raw, key).mode == "active"
+
+    def _assignment_counts(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for key, _ in self._metadata.get_prefix(BROKERS_PREFIX, keys_only=True):
+            parsed = parse_assignment_key(key)
+            if parsed is not None:
+                counts[parsed[0]] = counts.get(parsed[0], 0) + 1
+        return counts
+
+    # ---- failover -----------------------------------------------------------------------------
+
+    def _failover(self, broker_id: int) -> None:
+        """Move every topic of a broker whose registration is gone back to unassigned."""
+        if self._registered(broker_id):
+            return  # it registered again (lease renewed after a blip)
+        moved = 0
+        for key, _ in self._metadata.get_prefix(f"{BROKERS_PREFIX}{broker_id}/", keys_only=True):
+            parsed = parse_assignment_key(key)
+            if parsed is None:
+                continue
+            self._metadata.delete(key)
+            self._metadata.put(unassigned_key(parsed[1]), NULL_JSON)
+            moved += 1
+        if moved:
+            logger.warning("broker %d is gone: %d topic(s) put back for assignment", broker_id, moved)
+
+    def _sweep(self) -> None:
+        registered = set(self._registered_ids())
+        owners = {parsed[0] for key, _ in self._metadata.get_prefix(BROKERS_PREFIX, keys_only=True)
+                  if (parsed := parse_assignment_key(key)) is not None}
+        for broker_id in sorted(owners - registered):
+            self._failover(broker_id)

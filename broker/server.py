@@ -1,0 +1,203 @@
+"""Process wiring: metadata store, storage engine, gRPC server and cluster membership.
+
+Boot order (as Danube's, §5.5): cluster name key, namespaces `default`, `system` and the
+bootstrap ones with the configured policies, the system topic root key, the gRPC server, then
+registration, state, assignments watch, load reports and leader election. Shutdown hands every
+topic over (reliable ones are sealed) before the registration lease is revoked, so the leader
+reassigns them at once and the next owner continues after the sealed offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from typing import Any
+
+import grpc
+
+from danube_core.errors import ConfigError
+from danube_core.keys import topic_root_key
+from danube_core.metadata import EtcdMetadataStore, MetadataStore
+from danube_core.records import BrokerRegistration, dump_u64
+from danube_core.topics import TopicName
+
+from broker.cluster import ClusterMembership
+from broker.config import BrokerConfig
+from broker.embedded_etcd import EmbeddedEtcd
+from broker.grpc_services import add_services
+from broker.leader import LeaderElection, TopicAssigner
+from broker.namespaces import Namespaces
+from broker.service import BrokerService
+from broker.storage_engine import StorageEngine, StorageSettings
+from broker.topic import random_id
+from broker.topics_registry import TopicRegistry
+from broker.wal import WalConfig
+
+logger = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+GRPC_MAX_MESSAGE_BYTES = 256 * MIB  # above any max_message_size, so the policy check answers
+SYSTEM_NAMESPACES = ("default", "system")
+SYSTEM_TOPIC = TopicName("system", "_events_topic")
+S3_OPTION_NAMES = {"access_key": "key", "secret_key": "secret", "anonymous": "anon"}
+
+
+def storage_settings(config: BrokerConfig) -> StorageSettings:
+    """Map the `wal_cloud` block onto the storage engine's settings."""
+    wal, up = config.wal, config.uploader
+    wal_config = WalConfig(
+        root=wal.dir, file_name=wal.file_name, fsync_interval_ms=wal.interval_ms,
+        max_batch_bytes=wal.max_batch_bytes, rotate_max_bytes=wal.rotation_max_bytes,
+        rotate_max_seconds=int(wal.rotation_max_hours * 3600) if wal.rotation_max_hours else None,
+        durable=wal.durable, cache_capacity=wal.cache_capacity,
+    )
+    return StorageSettings(
+        wal=wal_config,
+        cloud_url=cloud_url(config),
+        cloud_options=cloud_options(config),
+        root_prefix=up.root_prefix,
+        uploader_interval_s=float(up.interval_seconds),
+        max_object_bytes=up.max_object_mb * MIB if up.max_object_mb else None,
+        retention_max_age_s=wal.retention_time_minutes * 60.0 if wal.retention_time_minutes else None,
+        retention_max_total_bytes=wal.retention_size_mb * MIB if wal.retention_size_mb else None,
+        retention_check_interval_s=wal.retention_check_interval_minutes * 60.0,
+    )
+
+
+def cloud_url(config: BrokerConfig) -> str:
+    cloud = config.cloud
+    if cloud.backend == "memory":
+        return cloud.root if cloud.root.startswith("memory://") else "memory://" + cloud.root.strip("/")
+    if cloud.backend == "s3" and not cloud.root.startswith("s3://"):
+        raise ConfigError(f"config {config.source}: wal_cloud.cloud.root={cloud.root!r} is invalid; "
+                          "expected s3://bucket[/prefix] for backend s3")
+    return cloud.root
+
+
+def cloud_options(config: BrokerConfig) -> dict[str, Any]:
+    """Danube's S3 option names (region, endpoint, access_key, ...) as s3fs options; others as given."""
+    options: dict[str, Any] = {}
+    client_kwargs: dict[str, Any] = {}
+    for name, value in config.cloud.options.items():
+        if config.cloud.backend == "s3" and name == "region":
+            client_kwargs["region_name"] = value
+        elif config.cloud.backend == "s3" and name == "endpoint":
+            client_kwargs["endpoint_url"] = value
+        elif config.cloud.backend == "s3" and name == "virtual_host_style":
+            options["config_kwargs"] = {"s3": {"addressing_style": "virtual" if value else "path"}}
+        elif config.cloud.backend == "s3" and name in S3_OPTION_NAMES:
+            options[S3_OPTION_NAMES[name]] = value
+        else:
+            options[name] = value
+    if client_kwargs:
+        options["client_kwargs"] = {**options.get("client_kwargs", {}), **client_kwargs}
+    return options
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+class BrokerServer:
+    """One broker process; `start`, then `wait` or `stop`."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.broker_id = random_id()
+        self.metadata: MetadataStore | None = None
+        self.service: BrokerService | None = None
+        self._etcd: EmbeddedEtcd | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._engine: StorageEngine | None = None
+        self._membership: ClusterMembership | None = None
+        self._election: LeaderElection | None = None
+        self._assigner: TopicAssigner | None = None
+        self._stopping = False
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.metadata = await asyncio.to_thread(self._connect_metadata)
+        await asyncio.to_thread(self._bootstrap_metadata)
+        self._engine = StorageEngine(storage_settings(cfg), self.metadata, self.broker_id)
+        registry = TopicRegistry(self.metadata)
+        self.service = BrokerService(cfg, registry, self._engine, self.broker_id, asyncio.get_running_loop())
+        self._grpc = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+        ])
+        add_services(self._grpc, self.service)
+        if self._grpc.add_insecure_port(cfg.listener.bind_address) == 0:
+            raise ConfigError(f"config {cfg.source}: cannot listen on {cfg.listener.bind_address} (port in use?)")
+        await self._grpc.start()
+        await asyncio.to_thread(self._join_cluster)
+        logger.info("broker %d serving on %s (advertised %s), etcd %s", self.broker_id,
+                    cfg.listener.bind_address, cfg.listener.broker_url, cfg.meta_store.endpoint)
+
+    def _connect_metadata(self) -> MetadataStore:
+        store = self.config.meta_store
+        if store.embedded and not _port_open(store.host, store.port):
+            self._etcd = EmbeddedEtcd(data_dir=store.data_dir, client_port=store.port)
+            logger.info("started an embedded etcd on %s (data in %s)", self._etcd.endpoint, store.data_dir)
+        return EtcdMetadataStore(store.endpoint)
+
+    def _bootstrap_metadata(self) -> None:
+        namespaces = Namespaces(self.metadata)
+        for name in (*SYSTEM_NAMESPACES, *self.config.bootstrap_namespaces):
+            namespaces.ensure(name, self.config.policies)
+        self.metadata.put_if_absent(topic_root_key(SYSTEM_TOPIC), dump_u64(0))
+
+    def _join_cluster(self) -> None:
+        cfg = self.config
+        registration = BrokerRegistration(
+            admin_addr=f"http://{cfg.listener.admin_addr}",
+            broker_url=cfg.listener.broker_url,
+            connect_url=cfg.listener.connect_url,
+            prom_exporter=f"{cfg.listener.host}:{cfg.listener.prometheus_port}" if cfg.listener.prometheus_port else None,
+            wal_url="file://" + os.path.abspath(cfg.wal.dir),
+        )
+        self._membership = ClusterMembership(self.metadata, self.broker_id, registration, cfg.cluster_name,
+                                             cfg.coordination)
+        self._membership.join(self.service)
+        self._assigner = TopicAssigner(self.metadata, self._engine.keys)
+        coordination = cfg.coordination
+        self._election = LeaderElection(self.metadata, self.broker_id, coordination.leader_ttl_seconds,
+                                        coordination.leader_check_interval_seconds,
+                                        on_elected=self._assigner.start, on_deposed=self._assigner.stop)
+        self._election.start()
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Hand topics over, leave the cluster, stop serving. Safe to call twice."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        try:
+            await self._shutdown()
+        finally:
+            self._stopped.set()
+        logger.info("broker %d stopped", self.broker_id)
+
+    async def _shutdown(self) -> None:
+        if self._election is not None:
+            await asyncio.to_thread(self._election.stop)
+        if self._assigner is not None:
+            await asyncio.to_thread(self._assigner.stop)
+        if self.service is not None:
+            await self.service.shutdown()
+        if self._membership is not None:
+            await asyncio.to_thread(self._membership.leave)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        if self.metadata is not None:
+            self.metadata.close()
+        if self._etcd is not None:
+            self._etcd.stop()

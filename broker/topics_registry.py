@@ -1,0 +1,215 @@
+"""Topic metadata in etcd (spec §5.3, §6.1, §6.2, §6.7, §7): create, find, unload, delete.
+
+These are the cluster-scope operations, done by whichever broker (or the admin CLI) is asked:
+they only write keys, and the leader and the owning broker react through their watches.
+
+Deliberate differences from v0.7.3, keeping every key and value as the spec says:
+* Partitions of `/ns/base` are matched as `base-part-<K>` exactly, ordered by K; Danube's plain
+  prefix match would also return `/ns/baseball`.
+* Delete removes the namespace index entry *before* the assignment, so the owner can tell a
+  delete from an unload by the index (see `broker.cluster`) even if the leader already
+  consumed the unload marker (§6.8's race).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from danube_core.keys import (
+    BROKERS_PREFIX,
+    assignment_key,
+    delivery_key,
+    namespace_topic_key,
+    parse_assignment_key,
+    producer_key,
+    producers_prefix,
+    register_key,
+    schema_subject_key,
+    subscription_key,
+    subscriptions_prefix,
+    parse_subscription_key,
+    topic_policy_key,
+    topic_root_key,
+    topic_schema_key,
+    unassigned_key,
+)
+from danube_core.metadata import MetadataStore
+from danube_core.records import (
+    NULL_JSON,
+    BrokerRegistration,
+    ProducerRecord,
+    SubscriptionRecord,
+    UnassignedMarker,
+    dump_delivery,
+    dump_json,
+    parse_cursor,
+    parse_delivery,
+)
+from danube_core.topics import TopicName
+
+from broker.client_errors import AlreadyExistsError, InvalidRequestError, NotFoundError
+from broker.namespaces import Namespaces
+
+logger = logging.getLogger(__name__)
+
+MAX_PARTITIONS = 4096
+
+
+class TopicRegistry:
+    """Topic records over a metadata store."""
+
+    def __init__(self, metadata: MetadataStore, namespaces: Namespaces | None = None) -> None:
+        self.metadata = metadata
+        self.namespaces = namespaces or Namespaces(metadata)
+
+    # ---- existence and lookup ---------------------------------------------------------------
+
+    def exists(self, topic: TopicName) -> bool:
+        return self.namespaces.has_topic(topic)
+
+    def delivery(self, topic: TopicName) -> str | None:
+        key = delivery_key(topic)
+        raw = self.metadata.get(key)
+        return None if raw is None else parse_delivery(raw, key)
+
+    def partitions(self, name: TopicName) -> list[TopicName]:
+        """What TopicPartitions answers: `[name]` if it is a topic, else its `-part-K` topics."""
+        if self.exists(name):
+            return [name]
+        pattern = re.compile(re.escape(name.topic) + r"-part-(0|[1-9][0-9]*)$")
+        found = []
+        for topic in self.namespaces.topics(name.namespace):
+            match = pattern.match(topic.topic)
+            if match:
+                found.append((int(match.group(1)), topic))
+        return [topic for _, topic in sorted(found, key=lambda pair: pair[0])]
+
+    def owner(self, topic: TopicName) -> int | None:
+        """Broker id holding `/cluster/brokers/{id}/{ns}/{topic}`, if any."""
+        for key, _ in self.metadata.get_prefix(BROKERS_PREFIX, keys_only=True):
+            parsed = parse_assignment_key(key)
+            if parsed is not None and parsed[1] == topic:
+                return parsed[0]
+        return None
+
+    def registration(self, broker_id: int) -> BrokerRegistration | None:
+        key = register_key(broker_id)
+        raw = self.metadata.get(key)
+        return None if raw is None else BrokerRegistration.from_json(raw, key)
+
+    # ---- create -----------------------------------------------------------------------------
+
+    def create(self, topic: TopicName, delivery: str, schema_subject: str | None = None) -> None:
+        """Write a new topic's keys in Danube's order; the leader then assigns it (§6.1)."""
+        self.namespaces.require(topic.namespace)
+        if self.exists(topic):
+            raise AlreadyExistsError(f"topic {topic} already exists ({namespace_topic_key(topic)})")
+        self._check_partition_conflict(topic)
+        self.metadata.put(unassigned_key(topic), NULL_JSON)
+        self.metadata.put(namespace_topic_key(topic), NULL_JSON)
+        self.metadata.put(delivery_key(topic), dump_delivery(delivery))
+        if schema_subject:
+            self.metadata.put(schema_subject_key(topic), dump_json(schema_subject))
+        logger.info("topic %s created (%s), waiting for assignment", topic, delivery)
+
+    def create_partitioned(self, base: TopicName, partitions: int, delivery: str) -> list[TopicName]:
+        """Create `/ns/base-part-0` ... `-part-{N-1}` (§7); no key records the parent."""
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidRequestError(f"partitions={partitions} for {base}: expected 1..{MAX_PARTITIONS}")
+        if base.partition is not None:
+            raise InvalidRequestError(f"partitioned topic base name {base} must not end in -part-N")
+        names = [TopicName.partition_name(base, k) for k in range(partitions)]
+        for name in names:
+            self.create(name, delivery)
+        return names
+
+    def _check_partition_conflict(self, topic: TopicName) -> None:
+        if topic.partition is not None:
+            base = TopicName.parse(topic.base_name)
+            if self.exists(base):
+                raise AlreadyExistsError(
+                    f"cannot create partition {topic}: the non-partitioned topic {base} exists; delete it first"
+                )
+        elif self.partitions(topic):
+            raise AlreadyExistsError(
+                f"cannot create topic {topic}: partitions {topic}-part-N exist; delete the partitioned topic first"
+            )
+
+    # ---- producers and subscriptions --------------------------------------------------------
+
+    def put_producer(self, record: ProducerRecord) -> None:
+        topic = TopicName.parse(record.topic_name)
+        self.metadata.put(producer_key(topic, record.producer_id), record.to_json())
+
+    def producer_exists(self, topic: TopicName, producer_id: int) -> bool:
+        return self.metadata.get(producer_key(topic, producer_id)) is not None
+
+    def delete_producers(self, topic: TopicName) -> None:
+        self.metadata.delete_prefix(producers_prefix(topic))
+
+    def put_subscription(self, topic: TopicName, record: SubscriptionRecord) -> None:
+        self.metadata.put(subscription_key(topic, record.subscription_name), record.to_json())
+
+    def subscriptions(self, topic: TopicName) -> dict[str, dict]:
+        """`{name: {"record": SubscriptionRecord | None, "cursor": int | None}}` from etcd."""
+        found: dict[str, dict] = {}
+        for key, raw in self.metadata.get_prefix(subscriptions_prefix(topic)):
+            name, is_cursor = parse_subscription_key(topic, key)
+            entry = found.setdefault(name, {"record": None, "cursor": None})
+            if is_cursor:
+                entry["cursor"] = parse_cursor(raw, key)
+            else:
+                entry["record"] = SubscriptionRecord.from_json(raw, key)
+        return found
+
+    # ---- unload and delete ------------------------------------------------------------------
+
+    def unload(self, topic: TopicName) -> int:
+        """Admin UnloadTopic (§6.2 step 1): marker `{"from_broker","reason":"unload"}`, then
+        delete the assignment; the owner seals and the leader reassigns. Returns the owner."""
+        owner = self._require_owner(topic)
+        marker = UnassignedMarker(from_broker=owner, reason="unload")
+        self.metadata.put(unassigned_key(topic), marker.to_json())
+        self.metadata.delete(assignment_key(owner, topic))
+        logger.info("topic %s unload requested from broker %d", topic, owner)
+        return owner
+
+    def delete(self, topic: TopicName) -> list[TopicName]:
+        """Admin DeleteTopic (§6.7) on a base name; a partitioned base deletes every partition."""
+        if topic.partition is not None:
+            raise InvalidRequestError(
+                f"cannot delete the single partition {topic}; delete its base topic {topic.base_name}"
+            )
+        targets = self.partitions(topic)
+        if not targets:
+            raise NotFoundError(f"topic {topic} does not exist ({namespace_topic_key(topic)} is missing)")
+        for target in targets:
+            self._delete_one(target)
+        return targets
+
+    def _delete_one(self, topic: TopicName) -> None:
+        owner = self.owner(topic)
+        self.metadata.delete(namespace_topic_key(topic))
+        self.metadata.delete(unassigned_key(topic))
+        if owner is not None:
+            self.metadata.delete(assignment_key(owner, topic))
+        for prefix in (producers_prefix(topic), subscriptions_prefix(topic)):
+            self.metadata.delete_prefix(prefix)
+        for key in (delivery_key(topic), topic_policy_key(topic), topic_schema_key(topic), topic_root_key(topic)):
+            self.metadata.delete(key)
+        logger.info("topic %s deleted (owner %s)", topic, owner)
+
+    def _require_owner(self, topic: TopicName) -> int:
+        owner = self.owner(topic)
+        if owner is None:
+            if not self.exists(topic):
+                raise NotFoundError(f"topic {topic} does not exist ({namespace_topic_key(topic)} is missing)")
+            raise NotFoundError(f"topic {topic} is not assigned to any broker right now")
+        return owner
+
+    def list(self, namespace: str) -> list[TopicName]:
+        """Every topic (and partition) of a namespace."""
+        self.namespaces.require(namespace)
+        return self.namespaces.topics(namespace)
+

@@ -1,0 +1,123 @@
+"""Broker processes for integration tests: `python -m broker` as a user starts it.
+
+Each broker gets its own config file, port and WAL directory inside the test's tmp dir; the
+brokers of one test share the session's etcd and one cloud-storage directory. Lease TTLs and
+intervals are short so failover tests finish in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from broker.embedded_etcd import free_port
+from danube_core.keys import REGISTER_PREFIX
+from danube_core.metadata import EtcdMetadataStore
+from tests.rig import eventually
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def broker_config(etcd_endpoint: str, port: int, wal_dir: str, cloud_root: str, **overrides: dict) -> dict:
+    host, etcd_port = etcd_endpoint.rsplit(":", 1)
+    config = {
+        "cluster_name": "TEST_CLUSTER",
+        "broker": {"host": "127.0.0.1", "ports": {"client": port, "admin": free_port()}},
+        "meta_store": {"host": host, "port": int(etcd_port)},
+        "bootstrap_namespaces": ["default"],
+        "auto_create_topics": True,
+        "load_manager": {"load_report_interval_seconds": 1},
+        "coordination": {"register_ttl_seconds": 3, "leader_ttl_seconds": 2,
+                         "leader_check_interval_seconds": 0.2, "lookup_wait_seconds": 10},
+        "subscriptions": {"max_unacked_messages": 1000, "cursor_flush_every_acks": 100,
+                          "cursor_flush_interval_seconds": 0.2},
+        "wal_cloud": {
+            "wal": {"dir": wal_dir, "file_sync": {"interval_ms": 200, "durable": True}},
+            "uploader": {"interval_seconds": 1, "root_prefix": "/danube-data"},
+            "cloud": {"backend": "fs", "root": cloud_root},
+        },
+    }
+    for section, values in overrides.items():
+        config.setdefault(section, {}).update(values)
+    return config
+
+
+class BrokerProcess:
+    """One `python -m broker` subprocess; `start()` returns once it is registered in etcd.
+
+    A second object with the same `name` and `port` is the same broker restarted: same config
+    file and WAL directory (a new process, hence a new broker id).
+    """
+
+    def __init__(self, etcd_endpoint: str, workdir: Path, name: str, cloud_root: str, port: int | None = None,
+                 **overrides: dict) -> None:
+        self.etcd_endpoint = etcd_endpoint
+        self.workdir = workdir / name
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.wal_dir = str(self.workdir / "wal")
+        self.config_path = self.workdir / "broker.yaml"
+        config = broker_config(etcd_endpoint, self.port, self.wal_dir, cloud_root, **overrides)
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.process: subprocess.Popen | None = None
+        self.broker_id: int | None = None
+
+    def start(self, deadline_s: float = 30.0) -> "BrokerProcess":
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        self._log = open(self.workdir / "broker.log", "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "broker", "--config", str(self.config_path)],
+            cwd=self.workdir, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        self.broker_id = eventually(self._registered_id, deadline_s, 0.1)
+        return self
+
+    def _registered_id(self) -> int | None:
+        assert self.process.poll() is None, f"broker {self.name} exited: {self.log_tail()}"
+        with EtcdMetadataStore(self.etcd_endpoint) as store:
+            for key, raw in store.get_prefix(REGISTER_PREFIX):
+                if json.loads(raw)["broker_url"] == self.url:
+                    return int(key[len(REGISTER_PREFIX):])
+        return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        path = self.workdir / "broker.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (topics handed over), then SIGKILL if it does not exit in time."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        self._log.close()
+
+    def kill(self) -> None:
+        """kill -9: no handover, registration left to expire."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+            self._log.close()
+
+
+def run_admin(etcd_endpoint: str, *args: str) -> list[dict]:
+    """`python -m broker.admin --etcd ... args`; the JSON lines it printed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "broker.admin", "--etcd", etcd_endpoint, *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert result.returncode == 0, f"admin {args} failed ({result.returncode}): {result.stderr}"
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]

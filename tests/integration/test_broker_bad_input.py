@@ -1,0 +1,102 @@
+"""Bad requests get the right gRPC status with a clear message; the broker stays up and stores
+nothing partial."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from danube import DanubeClientBuilder, DispatchStrategy, SubType
+from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+
+from danube_core.keys import namespace_policy_key
+from danube_core.metadata import EtcdMetadataStore
+from danube_core.records import Policies
+from tests.integration.broker_process import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+MAX_MESSAGE_SIZE = 1024
+
+
+@pytest.fixture(scope="module")
+def broker(etcd_endpoint, tmp_path_factory):
+    proc = BrokerProcess(etcd_endpoint, tmp_path_factory.mktemp("bad-input"), "a",
+                         str(tmp_path_factory.mktemp("bad-input-cloud"))).start()
+    yield proc
+    proc.stop()
+
+
+def _small_namespace(etcd_endpoint: str, namespace: str) -> None:
+    with EtcdMetadataStore(etcd_endpoint) as store:
+        store.put(namespace_policy_key(namespace), Policies(max_message_size=MAX_MESSAGE_SIZE).to_json())
+
+
+async def _producer(url: str, topic: str):
+    client = await DanubeClientBuilder().service_url(url).build()
+    producer = (client.new_producer().with_topic(topic).with_name("bad-input-producer")
+                .with_dispatch_strategy(DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    return client, producer
+
+
+def _message(producer_id: int, topic: str, payload: bytes, request_id: int = 1) -> pb.StreamMessage:
+    return pb.StreamMessage(request_id=request_id, payload=payload, publish_time=1, producer_name="bad-input-producer",
+                            msg_id=pb.MsgID(producer_id=producer_id, topic_name=topic, broker_addr="x"))
+
+
+async def _expect(code: grpc.StatusCode, call, *words: str) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert info.value.code() == code, info.value.details()
+    for word in words:
+        assert word in info.value.details()
+    return info.value.details()
+
+
+def test_bad_requests_get_clear_statuses_and_store_nothing(broker, etcd_endpoint, unique_name):
+    namespace = unique_name("ns").replace("-", "_")
+    _small_namespace(etcd_endpoint, namespace)
+    topic = f"/{namespace}/{unique_name('orders')}"
+
+    async def scenario() -> None:
+        client, producer = await _producer(broker.url, topic)
+        producer_id = producer._producers[0].producer_id
+        async with grpc.aio.insecure_channel(broker.url.removeprefix("http://")) as channel:
+            producers = pb_grpc.ProducerServiceStub(channel)
+            consumers = pb_grpc.ConsumerServiceStub(channel)
+            discovery = pb_grpc.DiscoveryStub(channel)
+            await _expect(grpc.StatusCode.NOT_FOUND, producers.SendMessage(_message(12345, topic, b"x")),
+                          "producer 12345")
+            await _expect(grpc.StatusCode.INVALID_ARGUMENT,
+                          producers.SendMessage(_message(producer_id, topic, b"x" * (MAX_MESSAGE_SIZE + 1))),
+                          str(MAX_MESSAGE_SIZE + 1), "max_message_size")
+            for bad_name in ("no-slash", "/a/b/c", "/ns/has space"):
+                request = pb.ProducerRequest(request_id=1, producer_name="p", topic_name=bad_name, dispatch_strategy=1)
+                await _expect(grpc.StatusCode.INVALID_ARGUMENT, producers.CreateProducer(request), "invalid topic name")
+            missing = pb.ProducerRequest(request_id=1, producer_name="p", topic_name=f"/{unique_name('nons')}/t",
+                                         dispatch_strategy=1)
+            await _expect(grpc.StatusCode.NOT_FOUND, producers.CreateProducer(missing), "namespace")
+            await _expect(grpc.StatusCode.INVALID_ARGUMENT,
+                          discovery.TopicLookup(pb.TopicLookupRequest(request_id=1, topic="bad")), "invalid topic name")
+            bad_type = pb.ConsumerRequest(request_id=1, topic_name=topic, consumer_name="c", subscription="s",
+                                          subscription_type=3)
+            await _expect(grpc.StatusCode.INVALID_ARGUMENT, consumers.Subscribe(bad_type), "subscription type 3")
+            stream = consumers.ReceiveMessages(pb.ReceiveRequest(request_id=1, consumer_id=4242))
+            await _expect(grpc.StatusCode.NOT_FOUND, stream.read(), "consumer 4242")
+        # The broker is still up and offsets stayed contiguous: nothing partial was stored.
+        consumer = (client.new_consumer().with_topic(topic).with_consumer_name("c")
+                    .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build())
+        await consumer.subscribe()
+        queue = await consumer.receive()
+        for i in range(3):
+            await producer.send(f"ok-{i}".encode())
+        received = [await asyncio.wait_for(queue.get(), 20) for _ in range(3)]
+        assert [m.payload for m in received] == [b"ok-0", b"ok-1", b"ok-2"]
+        assert [m.msg_id.topic_offset for m in received] == [0, 1, 2]
+        await producer.close()
+        await consumer.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,105 @@
+"""Seed 003 with two broker processes (separate WAL dirs and ports, shared etcd and storage):
+produce 0–21 on A, ack up to 13, `admin unload`, B takes the topic, the producer's client
+reconnects and sends 22–27, the consumer's client reconnects and receives 14..27 exactly once
+in order; its cursor ends at 27."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from danube import DanubeClientBuilder, DispatchStrategy, ProducerOptions, SubType
+
+from tests.integration.broker_process import BrokerProcess, run_admin
+from tests.rig import eventually
+
+pytestmark = pytest.mark.integration
+
+
+def _owner(etcd_endpoint: str, namespace: str, topic: str) -> int | None:
+    rows = run_admin(etcd_endpoint, "topics", "list", namespace)
+    return next((row["owner"] for row in rows if row["topic"] == topic), None)
+
+
+def _cursor(etcd_endpoint: str, topic: str, subscription: str) -> int | None:
+    rows = run_admin(etcd_endpoint, "topics", "subscriptions", topic)
+    return next((row["cursor"] for row in rows if row["subscription"] == subscription), None)
+
+
+async def _receive(queue: asyncio.Queue, count: int, timeout_s: float = 60.0) -> list:
+    return [await asyncio.wait_for(queue.get(), timeout_s) for _ in range(count)]
+
+
+def test_seed_003_reliable_topic_moves_between_brokers(etcd_endpoint, tmp_path, unique_name):
+    cloud = str(tmp_path / "cloud-storage")
+    broker_a = BrokerProcess(etcd_endpoint, tmp_path, "broker-a", cloud).start()
+    broker_b = None
+    topic = f"/default/{unique_name('reliable_topic')}"
+    try:
+        run_admin(etcd_endpoint, "topics", "create", topic, "--delivery", "reliable")
+        eventually(lambda: _owner(etcd_endpoint, "default", topic) == broker_a.broker_id, 20)
+        broker_b = BrokerProcess(etcd_endpoint, tmp_path, "broker-b", cloud).start()
+
+        async def scenario() -> list:
+            client = await DanubeClientBuilder().service_url(broker_a.url).build()
+            producer = (client.new_producer().with_topic(topic).with_name("prod_reliable")
+                        .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+                        .with_options(ProducerOptions(max_retries=3, base_backoff_ms=100)).build())
+            await producer.create()
+            consumer = (client.new_consumer().with_topic(topic).with_consumer_name("cons_reliable")
+                        .with_subscription("subs_reliable").with_subscription_type(SubType.EXCLUSIVE).build())
+            await consumer.subscribe()
+            queue = await consumer.receive()
+            for i in range(22):
+                await producer.send(f"msg-{i}".encode(), {"n": str(i)})
+            first = await _receive(queue, 22)
+            assert [m.msg_id.topic_offset for m in first] == list(range(22))
+            for msg in first[:14]:
+                await consumer.ack(msg)
+
+            await asyncio.to_thread(run_admin, etcd_endpoint, "topics", "unload", topic)
+            await asyncio.to_thread(eventually, lambda: _owner(etcd_endpoint, "default", topic) == broker_b.broker_id, 30)
+            for i in range(22, 28):
+                await producer.send(f"msg-{i}".encode(), {"n": str(i)})
+            after = await _receive(queue, 14)
+            for msg in after:
+                await consumer.ack(msg)
+            extra = await asyncio.wait_for(queue.get(), 1.0) if not queue.empty() else None
+            assert extra is None, f"unexpected extra delivery at offset {extra.msg_id.topic_offset}"
+            await producer.close()
+            await consumer.close()
+            return after
+
+        after = asyncio.run(scenario())
+        assert [m.msg_id.topic_offset for m in after] == list(range(14, 28))
+        assert [m.payload for m in after] == [f"msg-{i}".encode() for i in range(14, 28)]
+        assert all(m.msg_id.broker_addr == broker_b.url for m in after if m.msg_id.topic_offset >= 22)
+        eventually(lambda: _cursor(etcd_endpoint, topic, "subs_reliable") == 27, 20)
+        storage = run_admin(etcd_endpoint, "topics", "storage", topic)
+        descriptors = [row["value"] for row in storage if row["kind"] == "descriptor"]
+        starts = [d["start_offset"] for d in descriptors]
+        assert starts[0] == 0 and starts[1:] == [d["end_offset"] + 1 for d in descriptors[:-1]]
+        assert 21 in [d["end_offset"] for d in descriptors], "A sealed after uploading exactly 0..21"
+    finally:
+        for broker in (broker_b, broker_a):
+            if broker is not None:
+                broker.stop()
+
+
+def test_unloading_an_empty_reliable_topic_moves_it_without_a_seal(etcd_endpoint, tmp_path, unique_name):
+    """Nothing was ever appended, so no sealed state is written: the old owner's "released"
+    mark on the marker is what lets the leader reassign at once (not after its seal wait)."""
+    cloud = str(tmp_path / "cloud-storage")
+    brokers = [BrokerProcess(etcd_endpoint, tmp_path, "broker-a", cloud).start()]
+    topic = f"/default/{unique_name('empty')}"
+    try:
+        run_admin(etcd_endpoint, "topics", "create", topic)
+        eventually(lambda: _owner(etcd_endpoint, "default", topic) == brokers[0].broker_id, 20)
+        brokers.append(BrokerProcess(etcd_endpoint, tmp_path, "broker-b", cloud).start())
+        run_admin(etcd_endpoint, "topics", "unload", topic)
+        eventually(lambda: _owner(etcd_endpoint, "default", topic) == brokers[1].broker_id, 15)
+        storage = run_admin(etcd_endpoint, "topics", "storage", topic)
+        assert [row["value"] for row in storage if row["kind"] == "sealed_state"] == [None]
+    finally:
+        for broker in reversed(brokers):
+            broker.stop()
