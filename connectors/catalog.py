@@ -1,0 +1,372 @@
+"""Driver-side lookups behind one small interface (as Spark Kafka's `KafkaOffsetReader`).
+
+`TopicCatalog` answers the questions planning needs — which topics, which offsets, which
+objects and WAL frames — from etcd, object metadata and WAL directories, and hands the answers
+to the pure planner as `TopicSnapshot`s. Executors never use it.
+
+* Descriptors are read by key range from the padded start key (spec §5.2), never by scanning a
+  topic's whole history: the newest descriptor through the `cur` pointer, the one covering a
+  start offset from the previous snapshot or by a short search of the key space.
+* The WAL chain comes from `connectors.wal_scan` (owner's directory first, previous owners'
+  when needed; incremental header scans from the uploader's resume point).
+* The latest offset is the largest of: the last object's end + 1, the WAL head, the sealed
+  offset + 1. A WAL head below the last object's end means a real broker restarted the topic
+  at offset 0 (§6.6): the WAL head is then the latest offset, and the planner reports the
+  offsets going backwards.
+
+Offsets returned are end-exclusive (Spark's convention); etcd's stay inclusive. A catalog keeps
+scan state between calls and is meant for one driver thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Iterable
+
+import numpy as np
+
+from connectors.planner import plan_tasks
+from connectors.snapshot import StoredObject, TopicSnapshot, WalRun
+from connectors.wal_scan import WAL_AUTO, WAL_NONE, ClusterView, WalFinder
+from danube_core import keys
+from danube_core.errors import CorruptFrameError, MetadataError, ObjectMissingError
+from danube_core.metadata import MetadataStore
+from danube_core.objectstore import OBJECT_ID_PATTERN, ObjectStore, object_id_for
+from danube_core.records import CurPointer, ObjectDescriptor, SealedState, parse_cursor
+from danube_core.topics import TopicName
+
+__all__ = ["TopicCatalog", "WAL_AUTO", "WAL_NONE"]  # the walRoot keywords, for options
+
+logger = logging.getLogger(__name__)
+
+TIMESTAMP_TASK_BYTES = 8 * 1024 * 1024
+_FIRST_FRAME_PROBE = 64 * 1024
+
+
+class TopicCatalog:
+    """Everything the driver looks up about topics; see the module docstring."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        *,
+        root_prefix: str,
+        storage_url: str,
+        storage_options: dict,
+        wal_root: str,
+        fail_on_data_loss: bool,
+    ) -> None:
+        self._metadata = metadata
+        self._keys = keys.StorageKeys(root_prefix)
+        self._store = ObjectStore(storage_url, storage_options)
+        self._storage_options = dict(storage_options)
+        self._fail_on_data_loss = fail_on_data_loss
+        self._wal = None if wal_root == WAL_NONE else WalFinder(wal_root, storage_url, storage_options)
+        self._sizes: dict[str, int] = {}
+        self._spans: dict[str, list[tuple[int, int]]] = {}  # topic -> (start, end) last seen
+        self._object_dirs: dict[TopicName, str] = {}
+
+    # ---- topics ---------------------------------------------------------------------------
+
+    def resolve_topics(
+        self, topics: list[str] | None = None, pattern: str | None = None, namespace: str | None = None
+    ) -> list[TopicName]:
+        """Topics to read: explicit names, a regex (full match on `/ns/topic` or its base name),
+        or a whole namespace. A partitioned base name expands to its `-part-N` partitions
+        (exact match on the base, unlike the broker's prefix match, §7). An explicit name that
+        is not (yet) in the namespace index is kept, so it is read once it exists."""
+        chosen = (topics is not None) + (pattern is not None) + (namespace is not None and pattern is None)
+        if chosen != 1:
+            raise ValueError("give exactly one of topics, pattern or namespace (pattern may be "
+                             f"combined with namespace); got topics={topics!r} pattern={pattern!r} "
+                             f"namespace={namespace!r}")
+        if topics is not None:
+            return sorted({p for name in topics for p in self._expand(TopicName.parse(name))}, key=_order)
+        known = self._indexed(namespace)
+        if pattern is None:
+            return sorted(known, key=_order)
+        regex = re.compile(pattern)
+        matching = (t for t in known if regex.fullmatch(str(t)) or regex.fullmatch(t.base_name))
+        return sorted(matching, key=_order)
+
+    def _indexed(self, namespace: str | None) -> list[TopicName]:
+        prefix = keys.namespace_topics_prefix(namespace) if namespace else keys.NAMESPACES_PREFIX
+        found = []
+        for key, _ in self._metadata.get_prefix(prefix, keys_only=True):
+            if "/topics/" in key:
+                found.append(keys.topic_from_namespace_index_key(key))
+        return found
+
+    def _expand(self, topic: TopicName) -> list[TopicName]:
+        known = self._indexed(topic.namespace)
+        if topic in known:
+            return [topic]
+        parts = [t for t in known if t.partition is not None and t.base_name == topic.broker_name]
+        if not parts:
+            logger.info("topic %s is not in the namespace index (yet); reading it as it appears", topic)
+            return [topic]
+        return parts
+
+    # ---- offsets --------------------------------------------------------------------------
+
+    def earliest_offsets(self, topics: Iterable[TopicName | str]) -> dict[str, int]:
+        """First readable offset per topic: the first object's start, else the WAL's first
+        offset, else the latest offset (an empty topic)."""
+        out = {}
+        cluster = self._cluster()
+        for topic in map(_topic, topics):
+            first_key = self._keys.object_key(topic, 0)
+            descriptors = self._parse(self._metadata.get_range(first_key, self._keys.cur_key(topic), limit=1))
+            if descriptors:
+                out[str(topic)] = descriptors[0].start_offset
+                continue
+            snap = self._snapshot(topic, 0, 0, cluster)
+            out[str(topic)] = snap.wal_start if snap.wal_start is not None else snap.latest_offset
+        return out
+
+    def latest_offsets(self, topics: Iterable[TopicName | str]) -> dict[str, int]:
+        """Next offset not yet readable, per topic (end-exclusive)."""
+        cluster = self._cluster()
+        return {str(t): self._head(t, cluster)[3] for t in map(_topic, topics)}
+
+    def offsets_for_timestamp(
+        self, topics: Iterable[TopicName | str], timestamp_ms: int
+    ) -> dict[str, int]:
+        """First offset whose publish_time >= `timestamp_ms`, else the latest offset.
+
+        Objects are binary-searched by their first frame's publish_time (client clocks: assumed
+        to grow roughly with offsets), then messages are read from the object found on.
+        """
+        from connectors.task_reader import read_task
+
+        out = {}
+        for topic in map(_topic, topics):
+            snap = self.snapshot(topic, 0)
+            objects = snap.objects
+            lo, hi = 0, len(objects)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self._first_publish_time(objects[mid]) >= timestamp_ms:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            begin = objects[lo - 1].start_offset if lo else (
+                objects[0].start_offset if objects else snap.wal_start or snap.latest_offset)
+            plan = plan_tasks({str(topic): snap}, {str(topic): begin}, {str(topic): snap.latest_offset},
+                              max_partition_bytes=TIMESTAMP_TASK_BYTES,
+                              fail_on_data_loss=self._fail_on_data_loss)
+            out[str(topic)] = next((o for task in plan.tasks for o in _offsets_at_or_after(
+                read_task(task, ["offset", "publish_time"]), timestamp_ms)), snap.latest_offset)
+        return out
+
+    def read_cursor(self, topic: TopicName | str, subscription: str) -> int | None:
+        """The subscription's cursor (last acknowledged offset, inclusive), None if unset."""
+        key = keys.cursor_key(_topic(topic), subscription)
+        raw = self._metadata.get(key)
+        return None if raw is None else parse_cursor(raw, key)
+
+    # ---- snapshots ------------------------------------------------------------------------
+
+    def snapshot(
+        self, topic: TopicName | str, from_offset: int = 0, to_offset: int | None = None
+    ) -> TopicSnapshot:
+        """Objects overlapping `[from_offset, to_offset)` (to the head if None), the WAL chain
+        and the latest offset of one topic."""
+        return self._snapshot(_topic(topic), from_offset, to_offset, self._cluster())
+
+    def snapshots(
+        self, from_offsets: dict[str, int], to_offsets: dict[str, int] | None = None
+    ) -> dict[str, TopicSnapshot]:
+        """`snapshot` for many topics, reading the cluster's assignments only once."""
+        cluster = self._cluster()
+        to = to_offsets or {}
+        return {t: self._snapshot(_topic(t), f, to.get(t), cluster) for t, f in from_offsets.items()}
+
+    def read_frame_index(
+        self, obj: StoredObject, byte_start: int, byte_end: int
+    ) -> list[tuple[int, int]]:
+        """(offset, header position) of every frame in bytes [byte_start, byte_end) of an object;
+        `planner.cap_end_offsets(frame_index=...)` uses it for exact byte caps."""
+        from danube_core.arrow_decode import scan_frame_offsets
+
+        try:
+            data = self._store.read_range(obj.url, byte_start, byte_end)
+        except ObjectMissingError:
+            logger.warning("object %s is missing; byte caps round down to its index entries", obj.url)
+            return []
+        offsets, positions, _consumed, _stop = scan_frame_offsets(data, byte_start)
+        return list(zip(offsets.tolist(), positions.tolist()))
+
+    def _snapshot(
+        self, topic: TopicName, from_offset: int, to_offset: int | None, cluster: ClusterView | None
+    ) -> TopicSnapshot:
+        last, sealed, wal, latest = self._head(topic, cluster)
+        objects: list[ObjectDescriptor] = []
+        stop = latest if to_offset is None else to_offset
+        if last is not None and from_offset < stop:
+            if from_offset >= last.start_offset:
+                objects = [last] if last.end_offset >= from_offset else []
+            else:
+                objects = self._descriptors_from(topic, from_offset, stop)
+        return TopicSnapshot(
+            topic=str(topic),
+            objects=[self._stored(topic, d) for d in objects],
+            wal=wal,
+            latest_offset=latest,
+            object_storage_options=self._storage_options,
+            wal_storage_options=self._wal.options_for(wal[0].url) if self._wal and wal else {},
+            sealed_offset=sealed.last_committed_offset if sealed else None,
+        )
+
+    def _cluster(self) -> ClusterView | None:
+        """Assignments and registrations, needed only when WAL dirs are per broker."""
+        return ClusterView.read(self._metadata) if self._wal is not None and self._wal.per_broker else None
+
+    def _head(self, topic: TopicName, cluster: ClusterView | None
+              ) -> tuple[ObjectDescriptor | None, SealedState | None, list[WalRun], int]:
+        """(newest descriptor, sealed state, WAL chain, latest offset) of a topic."""
+        last = self._last_descriptor(topic)
+        raw = self._metadata.get(self._keys.state_key(topic))
+        sealed = SealedState.from_json(raw, self._keys.state_key(topic)) if raw is not None else None
+        sealed = sealed if sealed is not None and sealed.sealed else None
+        uploaded = last.end_offset + 1 if last is not None else 0
+        wal = [] if self._wal is None else self._wal.chain(
+            topic, uploaded, cluster, sealed.broker_id if sealed else None)
+        head = wal[-1].stop_offset if wal else None
+        if head is not None and head < uploaded:
+            logger.warning("WAL of %s ends at offset %d, below the uploaded offset %d: the topic was "
+                           "restarted at offset 0 (spec §6.6); its offsets went backwards",
+                           topic, head - 1, uploaded - 1)
+            return last, sealed, wal, head
+        candidates = [uploaded, head or 0, sealed.last_committed_offset + 1 if sealed else 0]
+        return last, sealed, wal, max(candidates)
+
+    # ---- descriptors ----------------------------------------------------------------------
+
+    def _parse(self, rows: list[tuple[str, bytes]]) -> list[ObjectDescriptor]:
+        out = []
+        for key, raw in rows:
+            if keys.parse_object_key(key) is not None:
+                out.append(ObjectDescriptor.from_json(raw, key))
+        return out
+
+    def _last_descriptor(self, topic: TopicName) -> ObjectDescriptor | None:
+        """The descriptor with the highest start key: from `cur` on (usually one key)."""
+        cur_key = self._keys.cur_key(topic)
+        raw = self._metadata.get(cur_key)
+        start_key = self._keys.objects_prefix(topic)
+        if raw is not None:
+            start_key += CurPointer.from_json(raw, cur_key).start
+        descriptors = self._parse(self._metadata.get_range(start_key, cur_key))
+        if not descriptors and raw is not None:  # `cur` names a key that no longer exists
+            descriptors = self._parse(self._metadata.get_range(self._keys.objects_prefix(topic), cur_key))
+        return descriptors[-1] if descriptors else None
+
+    def _descriptors_from(self, topic: TopicName, from_offset: int, stop: int) -> list[ObjectDescriptor]:
+        """Descriptors overlapping [from_offset, stop), in start order, read by key range.
+
+        The range starts at the descriptor that held `from_offset` in this catalog's previous
+        snapshot of the topic (a stream moves forward through it) when it still does, else at
+        the one `_covering_start` finds.
+        """
+        stop_key = self._keys.object_key(topic, stop)
+        hint = next((a for a, b in self._spans.get(str(topic), ()) if a <= from_offset <= b), None)
+        found = []
+        if hint is not None:
+            found = self._parse(self._metadata.get_range(self._keys.object_key(topic, hint), stop_key))
+        if not (found and found[0].start_offset == hint and found[0].end_offset >= from_offset):
+            start_key = self._keys.object_key(topic, self._covering_start(topic, from_offset))
+            found = self._parse(self._metadata.get_range(start_key, stop_key))
+        descriptors = [d for d in found if d.end_offset >= from_offset]
+        self._spans[str(topic)] = [(d.start_offset, d.end_offset) for d in descriptors]
+        return descriptors
+
+    def _covering_start(self, topic: TopicName, offset: int) -> int:
+        """Start key of the descriptor holding `offset`: `offset` itself or the nearest key below.
+
+        etcd ranges only go forward, so the nearest key below is found by doubling a window
+        down from `offset` and then bisecting it with 1-key range reads (~2·log2 distance).
+        """
+        def first_key_in(lo: int, hi: int) -> int | None:
+            lo_key, hi_key = self._keys.object_key(topic, lo), self._keys.object_key(topic, hi)
+            rows = self._metadata.get_range(lo_key, hi_key, limit=1)
+            return keys.parse_object_key(rows[0][0]) if rows else None
+
+        if offset == 0:
+            return 0
+        width, found = 1, None
+        while found is None:
+            lo = max(0, offset - width)
+            found = first_key_in(lo, offset)
+            if found is None and lo == 0:
+                return offset
+            width *= 2
+        hi = offset
+        while found + 1 < hi:
+            mid = (found + 1 + hi) // 2
+            nxt = first_key_in(mid, hi)
+            if nxt is None:
+                hi = mid
+            else:
+                found = nxt
+        return found
+
+    def _stored(self, topic: TopicName, d: ObjectDescriptor) -> StoredObject:
+        if not OBJECT_ID_PATTERN.match(d.object_id):
+            raise MetadataError(f"descriptor {self._keys.object_key(topic, d.start_offset)} names a "
+                                f"malformed object id {d.object_id!r} (expected data-<start>-<secs>.dnb1)")
+        url = self._objects_url(topic) + d.object_id
+        size = d.size
+        if size <= max((pos for _, pos in d.offset_index or ()), default=0):
+            size = self._object_size(url, size)  # the writer's size is unreliable (spec §9.3)
+        return StoredObject.build(d.object_id, url, d.start_offset, d.end_offset, size, d.created_at,
+                                  d.offset_index)
+
+    def _objects_url(self, topic: TopicName) -> str:
+        """URL of the topic's objects directory, with a trailing slash (computed once)."""
+        if topic not in self._object_dirs:
+            probe = object_id_for(0, 0)
+            self._object_dirs[topic] = self._store.object_url(topic, probe)[: -len(probe)]
+        return self._object_dirs[topic]
+
+    def _object_size(self, url: str, fallback: int) -> int:
+        if url not in self._sizes:
+            try:
+                self._sizes[url] = self._store.size(url)
+            except ObjectMissingError:
+                return fallback  # the executor reading it reports the loss
+        return self._sizes[url]
+
+    def _first_publish_time(self, obj: StoredObject) -> int:
+        from danube_core.arrow_decode import decode_frames
+        from danube_core.frames import FRAME_HEADER, FRAME_HEADER_SIZE
+
+        data = self._store.read_range(obj.url, 0, min(obj.size, _FIRST_FRAME_PROBE))
+        if len(data) >= FRAME_HEADER_SIZE:
+            length = FRAME_HEADER.unpack_from(data)[1]
+            if len(data) < FRAME_HEADER_SIZE + length:
+                data = self._store.read_range(obj.url, 0, FRAME_HEADER_SIZE + length)
+        decoded = decode_frames(data, max_frames=1, columns=["publish_time"])
+        decoded.raise_if_corrupt(obj.url)
+        if decoded.batch.num_rows == 0:
+            raise CorruptFrameError(obj.url, obj.start_offset, 0, "no whole frame at the object's start")
+        return decoded.batch.column(0)[0].as_py()
+
+
+def _offsets_at_or_after(batches, timestamp_ms: int) -> Iterable[int]:
+    for batch in batches:
+        times = batch.column("publish_time").to_numpy()
+        hits = np.flatnonzero(times >= timestamp_ms)
+        if hits.size:
+            yield int(batch.column("offset")[int(hits[0])].as_py())
+            return
+
+
+def _topic(topic: TopicName | str) -> TopicName:
+    return topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+
+
+def _order(topic: TopicName) -> tuple:
+    partition = topic.partition if topic.partition is not None else -1
+    return (topic.namespace, topic.base_name, partition, topic.topic)

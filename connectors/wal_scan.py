@@ -1,0 +1,293 @@
+"""Finding a topic's WAL files across brokers and scanning their frame headers (spec §1, §3).
+
+The planner needs the byte position of every WAL frame past the last uploaded offset, and the
+WAL head, on every micro-batch. `WalFinder` locates WAL directories: the owning broker's (from
+its `/cluster/brokers/{id}/{ns}/{topic}` assignment, with `walRoot=auto` through the `wal_url`
+of its `/cluster/register/{id}` record, or a URL template with `{broker_id}`; or one fixed
+URL), and other brokers' only when the owner's WAL does not reach back far enough (a topic that
+moved, §6.3). Runs found there are chained back from the head without gaps.
+
+Reading whole WAL files each time would cost the WAL's size per batch, so the scan state is
+kept per file (`_FileScan`) and each call reads only bytes added since; a file that shrank or
+whose first header changed is scanned again. The first scan of a file starts at the uploader's
+resume point (`uploader.ckpt`) when the frame found there carries the offset after the last
+uploaded one; otherwise at byte 0. A file holds one or more runs of consecutive offsets
+(`_GrowingRun`): a real broker restarted without seal appends offsets from 0 again behind old
+frames of the same `wal.log` (§6.6), which starts a new run.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from dataclasses import dataclass
+
+import numpy as np
+
+from connectors.snapshot import WalRun, chain_wal_runs
+from danube_core import keys
+from danube_core.checkpoints import (
+    UPLOADER_CHECKPOINT_NAME, WAL_CHECKPOINT_NAME, UploaderCheckpoint, WalCheckpoint,
+)
+from danube_core.errors import CheckpointError
+from danube_core.metadata import MetadataStore
+from danube_core.objectstore import normalize_url, translate_error
+from danube_core.records import BrokerRegistration
+from danube_core.topics import TopicName
+
+logger = logging.getLogger(__name__)
+
+WAL_AUTO = "auto"
+WAL_NONE = "none"
+BROKER_ID_FIELD = "{broker_id}"
+SCAN_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+@dataclass
+class ClusterView:
+    """Assignments and registrations, read once per catalog call."""
+
+    owners: dict[str, int]  # storage path -> owning broker id
+    wal_urls: dict[int, str]  # registered broker id -> its WAL root URL ("" if none)
+
+    @classmethod
+    def read(cls, metadata: MetadataStore) -> "ClusterView":
+        owners = {}
+        for key, _ in metadata.get_prefix(keys.BROKERS_PREFIX, keys_only=True):
+            parsed = keys.parse_assignment_key(key)
+            if parsed is not None:
+                owners[parsed[1].storage_path] = parsed[0]
+        wal_urls = {}
+        for key, raw in metadata.get_prefix(keys.REGISTER_PREFIX):
+            broker_id = key[len(keys.REGISTER_PREFIX):]
+            if broker_id.isdigit():
+                wal_urls[int(broker_id)] = BrokerRegistration.from_json(raw, key).wal_url or ""
+        return cls(owners, wal_urls)
+
+
+class WalFinder:
+    """The WAL chain of a topic, from the WAL root option (`auto`, a URL, or a template)."""
+
+    def __init__(self, wal_root: str, storage_url: str, storage_options: dict) -> None:
+        self.wal_root = wal_root
+        self._storage_scheme = normalize_url(storage_url).split("://", 1)[0]
+        self._storage_options = storage_options
+        self._scanner = WalDirScanner()
+
+    @property
+    def per_broker(self) -> bool:
+        return self.wal_root == WAL_AUTO or BROKER_ID_FIELD in self.wal_root
+
+    def options_for(self, url: str) -> dict:
+        """Storage options apply to WAL URLs on the storage URL's protocol only."""
+        same = normalize_url(url).split("://", 1)[0] == self._storage_scheme
+        return self._storage_options if same else {}
+
+    def chain(self, topic: TopicName, needed_from: int, cluster: ClusterView | None,
+              sealed_broker: int | None) -> list[WalRun]:
+        """Runs leading without a gap to the WAL head, reaching back to `needed_from` if they can."""
+        owner_dir, other_dirs = self._dirs(topic, cluster, sealed_broker)
+        runs, head = self._runs(owner_dir, needed_from) if owner_dir else ([], None)
+        if head is None or head.first_offset > needed_from:
+            others = [run for d in other_dirs for run in self._runs(d, needed_from)[0]]
+            if head is None:
+                head = max((r for r in others if r.first_offset <= needed_from < r.stop_offset),
+                           key=lambda r: r.stop_offset, default=None)
+            runs = others + runs  # the owner's runs last: preferred when chaining
+        return chain_wal_runs(head, runs, needed_from) if head is not None else []
+
+    def _runs(self, dir_url: str, needed_from: int) -> tuple[list[WalRun], WalRun | None]:
+        return self._scanner.runs(dir_url, needed_from, self.options_for(dir_url))
+
+    def _dirs(self, topic: TopicName, cluster: ClusterView | None,
+              sealed_broker: int | None) -> tuple[str | None, list[str]]:
+        """(the owner's WAL dir, other brokers' dirs where earlier owners may have written)."""
+        path = topic.storage_path
+        if not self.per_broker or cluster is None:
+            return _join(self.wal_root, path), []
+        owner = cluster.owners.get(path)
+        candidates = (sealed_broker, *sorted(cluster.wal_urls))
+        others = dict.fromkeys(b for b in candidates if b not in (None, owner))
+        other_dirs = [self._broker_dir(b, path, cluster) for b in others]
+        return self._broker_dir(owner, path, cluster), [d for d in other_dirs if d]
+
+    def _broker_dir(self, broker_id: int | None, path: str, cluster: ClusterView) -> str | None:
+        if broker_id is None:
+            return None
+        if self.wal_root == WAL_AUTO:
+            root = cluster.wal_urls.get(broker_id)
+            return _join(root, path) if root else None
+        return _join(self.wal_root.replace(BROKER_ID_FIELD, str(broker_id)), path)
+
+
+def _join(root: str, path: str) -> str:
+    return normalize_url(root).rstrip("/") + "/" + path
+
+
+class WalDirScanner:
+    """Incremental header scans of WAL files, kept per file URL between catalog calls."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, _FileScan] = {}
+
+    def runs(self, dir_url: str, needed_from: int, options: dict) -> tuple[list[WalRun], WalRun | None]:
+        """Runs of the dir's files that may hold offsets >= needed_from, and the head run (the
+        last run of the active file named by `wal.ckpt`, else of the newest file)."""
+        from fsspec.core import url_to_fs
+
+        from broker.wal_files import list_segments
+
+        try:
+            fs, path = url_to_fs(normalize_url(dir_url), **options)
+            ckpt = _read_ckpt(fs, path, WAL_CHECKPOINT_NAME, WalCheckpoint)
+            uploader = _read_ckpt(fs, path, UPLOADER_CHECKPOINT_NAME, UploaderCheckpoint)
+            segments = list_segments(path, ckpt, fs)
+        except FileNotFoundError:
+            return [], None
+        except (OSError, ValueError) as exc:
+            raise translate_error(exc, dir_url, "list WAL directory") from exc
+        active = _active_segment(segments, ckpt)
+        runs, head = [], None
+        for i, seg in enumerate(segments):
+            nxt = segments[i + 1].first_offset if i + 1 < len(segments) else None
+            if seg is not active and nxt is not None and nxt <= needed_from:
+                continue  # entirely uploaded
+            hint = None
+            if uploader is not None and uploader.last_read_file_seq == seg.seq:
+                if uploader.last_read_byte_position:
+                    hint = (uploader.last_read_byte_position, uploader.last_committed_offset + 1)
+            seg_runs = self._scan(fs, seg.path, hint)
+            runs.extend(seg_runs)
+            if seg is active and seg_runs:
+                head = seg_runs[-1]
+        return runs, head if head is not None else (runs[-1] if runs else None)
+
+    def _scan(self, fs, path: str, hint: tuple[int, int] | None) -> list[WalRun]:
+        url = fs.unstrip_protocol(path)
+        try:
+            fs.invalidate_cache(path)
+            size = fs.size(path)
+            first_header = fs.cat_file(path, start=0, end=min(size, 16))
+            scan = self._files.get(url)
+            if scan is None or size < scan.safe_end or scan.first_header != first_header:
+                start, expect = hint if hint is not None and hint[0] <= size else (0, None)
+                scan = self._files[url] = _FileScan(first_header, start, expect)
+            if not scan.advance(fs, path, size):  # the uploader's resume point was not a frame
+                scan = self._files[url] = _FileScan(first_header, 0, None)
+                scan.advance(fs, path, size)
+        except FileNotFoundError:
+            self._files.pop(url, None)
+            return []  # deleted by retention after listing
+        except OSError as exc:
+            raise translate_error(exc, url, "scan WAL file") from exc
+        return [WalRun(url, run.first_offset, run.view()) for run in scan.runs]
+
+
+class _GrowingRun:
+    """Header positions of consecutive offsets; append-only, so earlier views stay valid."""
+
+    def __init__(self, first_offset: int, positions: np.ndarray, end_pos: int) -> None:
+        self.first_offset = first_offset
+        self._buf = np.empty(max(64, 2 * (len(positions) + 1)), dtype=np.uint64)
+        self._n = 0
+        self._put(positions, end_pos)
+
+    @property
+    def stop_offset(self) -> int:
+        return self.first_offset + self._n - 1
+
+    @property
+    def end_pos(self) -> int:
+        return int(self._buf[self._n - 1])
+
+    def _put(self, positions: np.ndarray, end_pos: int) -> None:
+        need = self._n + len(positions) + 1
+        if need > len(self._buf):
+            grown = np.empty(2 * need, dtype=np.uint64)
+            grown[: self._n] = self._buf[: self._n]
+            self._buf = grown  # views handed out keep the old buffer, unchanged
+        self._buf[self._n : self._n + len(positions)] = positions
+        self._buf[self._n + len(positions)] = end_pos
+        self._n = need
+
+    def extend(self, positions: np.ndarray, end_pos: int) -> None:
+        """Add frames starting at the old end position (which becomes a header position)."""
+        self._n -= 1
+        self._put(positions, end_pos)
+
+    def view(self) -> np.ndarray:
+        return self._buf[: self._n]
+
+
+class _FileScan:
+    """How far one WAL file has been scanned, and the runs found so far."""
+
+    def __init__(self, first_header: bytes, safe_end: int, expect: int | None) -> None:
+        self.first_header = first_header
+        self.safe_end = safe_end
+        self.expect = expect  # offset the first frame must carry when starting at a hint
+        # Starting at the uploader's resume point, the run begins there even before a frame
+        # follows: it says the file's head is the last uploaded offset.
+        empty = np.empty(0, dtype=np.uint64)
+        self.runs: list[_GrowingRun] = [] if expect is None else [_GrowingRun(expect, empty, safe_end)]
+
+    def advance(self, fs, path: str, size: int) -> bool:
+        """Scan the bytes added since the last call; False if the start position was not a frame."""
+        from danube_core.arrow_decode import scan_frame_offsets
+
+        carry, pos = b"", self.safe_end
+        while pos < size:
+            data = fs.cat_file(path, start=pos, end=min(size, pos + SCAN_CHUNK_BYTES))
+            if not data:
+                break
+            buf, base = carry + data, pos - len(carry)
+            pos += len(data)
+            offsets, positions, consumed, stop = scan_frame_offsets(buf, base)
+            if self.expect is not None:
+                if len(offsets) == 0 and stop == "crc":
+                    return False
+                if len(offsets):
+                    if int(offsets[0]) != self.expect:
+                        return False
+                    self.expect = None
+            self._add(offsets, positions, base + consumed)
+            self.safe_end = base + consumed
+            if stop == "crc":
+                logger.warning("WAL file %s: CRC mismatch at byte %d; its readable part ends there",
+                               path, self.safe_end)
+                break
+            carry = buf[consumed:]
+        return True
+
+    def _add(self, offsets: np.ndarray, positions: np.ndarray, end_pos: int) -> None:
+        if len(offsets) == 0:
+            return
+        breaks = np.flatnonzero(np.diff(offsets) != 1) + 1
+        bounds = [0, *breaks.tolist(), len(offsets)]
+        for a, b in zip(bounds, bounds[1:]):
+            group_end = int(positions[b]) if b < len(offsets) else end_pos
+            last = self.runs[-1] if self.runs else None
+            if last is not None and last.stop_offset == int(offsets[a]) and last.end_pos == int(positions[a]):
+                last.extend(positions[a:b], group_end)
+            else:
+                self.runs.append(_GrowingRun(int(offsets[a]), positions[a:b], group_end))
+
+
+def _read_ckpt(fs, dir_path: str, name: str, cls):
+    path = posixpath.join(dir_path, name)
+    try:
+        return cls.decode(fs.cat_file(path), fs.unstrip_protocol(path))
+    except FileNotFoundError:
+        return None
+    except CheckpointError as exc:
+        logger.warning("ignoring %s: %s", path, exc)
+        return None
+
+
+def _active_segment(segments, ckpt: WalCheckpoint | None):
+    if ckpt is not None:
+        name = posixpath.basename(ckpt.file_path) or (ckpt.active_file_name or "")
+        for seg in segments:
+            if posixpath.basename(seg.path) == name:
+                return seg
+    return segments[-1] if segments else None

@@ -1,0 +1,305 @@
+"""The driver's catalog against a real etcd, moto S3 and local WAL directories.
+
+Topics are written by `TopicBuilder` in the real broker's layout; every data-loss case of the
+issue is planned from what the catalog finds.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import uuid
+from typing import Callable, Iterator
+
+import pytest
+
+from connectors.catalog import TopicCatalog
+from connectors.planner import cap_end_offsets, plan_tasks
+from connectors.task_reader import read_task
+from danube_core import keys
+from danube_core.checkpoints import WalCheckpoint
+from danube_core.errors import DataLossError
+from danube_core.metadata import EtcdMetadataStore, MetadataStore
+from danube_core.objectstore import ObjectStore
+from danube_core.records import NULL_JSON, dump_cursor
+from danube_core.topics import TopicName
+from tests.topic_builder import PAYLOAD_OFFSET_IN_FRAME, TopicBuilder, corrupt_byte, messages_of
+
+
+class CountingMetadata:
+    """Delegates to a real store and counts the rows its range reads return."""
+
+    def __init__(self, inner: MetadataStore) -> None:
+        self.inner, self.rows = inner, 0
+
+    def get_range(self, start_key, end_key, limit=None):
+        rows = self.inner.get_range(start_key, end_key, limit)
+        self.rows += len(rows)
+        return rows
+
+    def get_prefix(self, prefix, keys_only=False):
+        assert "/objects/" not in prefix, "descriptors must be read by range, not by prefix"
+        return self.inner.get_prefix(prefix, keys_only)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.fixture
+def metadata(etcd_endpoint) -> Iterator[EtcdMetadataStore]:
+    store = EtcdMetadataStore(etcd_endpoint)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def s3_store(moto_s3, s3_bucket) -> ObjectStore:
+    return ObjectStore(f"s3://{s3_bucket}", moto_s3.storage_options)
+
+
+@pytest.fixture
+def make(metadata, s3_store, tmp_path) -> Iterator[Callable[..., TopicBuilder]]:
+    made: list[TopicBuilder] = []
+
+    def build(topic: str, **kwargs) -> TopicBuilder:
+        kwargs.setdefault("broker_id", secrets.randbits(64))
+        builder = TopicBuilder(metadata, kwargs.pop("store", s3_store),
+                               kwargs.pop("wal_root", str(tmp_path / "wal")), topic, **kwargs)
+        made.append(builder)
+        return builder
+
+    yield build
+    for builder in made:
+        builder.close()
+
+
+@pytest.fixture
+def ns() -> str:
+    return "ns" + uuid.uuid4().hex[:10]
+
+
+def catalog(metadata, store: ObjectStore, wal_root: str = "auto", fail: bool = True) -> TopicCatalog:
+    return TopicCatalog(metadata, root_prefix=keys.DEFAULT_ROOT_PREFIX, storage_url=store.url,
+                        storage_options=store.storage_options, wal_root=wal_root, fail_on_data_loss=fail)
+
+
+def plan(cat: TopicCatalog, topic: str, start: int, end: int, fail: bool = True):
+    snap = cat.snapshot(topic, start)
+    return plan_tasks({topic: snap}, {topic: start}, {topic: end}, max_partition_bytes=1 << 20,
+                      fail_on_data_loss=fail)
+
+
+def read_back(cat: TopicCatalog, topic: str, start: int, end: int):
+    return messages_of(b for t in plan(cat, topic, start, end).tasks for b in read_task(t))
+
+
+# ---- topics -------------------------------------------------------------------------------
+
+def test_resolve_topics(metadata, make, ns):
+    for name in ("orders-part-0", "orders-part-2", "orders-part-10", "orders-part-1", "ordersx", "other"):
+        metadata.put(keys.namespace_topic_key(TopicName(ns, name)), NULL_JSON)
+    cat = catalog(metadata, ObjectStore("memory://resolve"), wal_root="none")
+    parts = [f"/{ns}/orders-part-{k}" for k in (0, 1, 2, 10)]
+    assert list(map(str, cat.resolve_topics([f"/{ns}/orders"]))) == parts
+    assert list(map(str, cat.resolve_topics([f"/{ns}/other", f"/{ns}/orders-part-2"]))) == \
+        [f"/{ns}/orders-part-2", f"/{ns}/other"]
+    assert list(map(str, cat.resolve_topics([f"/{ns}/later"]))) == [f"/{ns}/later"]
+    assert list(map(str, cat.resolve_topics(pattern=f"/{ns}/orders"))) == parts
+    assert list(map(str, cat.resolve_topics(pattern=r".*x", namespace=ns))) == [f"/{ns}/ordersx"]
+    assert len(cat.resolve_topics(namespace=ns)) == 6
+    with pytest.raises(ValueError, match="exactly one"):
+        cat.resolve_topics([f"/{ns}/a"], namespace=ns)
+    with pytest.raises(ValueError, match="exactly one"):
+        cat.resolve_topics()
+
+
+# ---- offsets and snapshots ----------------------------------------------------------------
+
+def test_offsets_and_snapshot_of_objects_plus_wal(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    b.append(1500)
+    b.rotate()
+    b.append(700)
+    b.upload()  # one object spanning wal.log and wal.1.log
+    b.append(30)
+    ckpt = WalCheckpoint.decode(open(f"{b.wal_dir}/wal.ckpt", "rb").read(), "wal.ckpt")
+    assert ckpt.file_path.startswith("./danube-data/wal/")  # relative, as the broker writes it
+    cat = catalog(metadata, s3_store)
+    assert cat.earliest_offsets([b.name]) == {b.name: 0}
+    assert cat.latest_offsets([b.name]) == {b.name: 2230}
+    snap = cat.snapshot(b.name, 100)
+    assert [o.object_id for o in snap.objects] == [b.descriptors[0].object_id]
+    assert snap.objects[0].index_offsets[:3] == (0, 1000, 2000) and snap.wal[-1].stop_offset == 2230
+    assert snap.wal_start <= 2200 and snap.object_storage_options == s3_store.storage_options
+    assert read_back(cat, b.name, 0, 2230) == [b.messages[o] for o in range(2230)]
+
+
+def test_planning_reads_descriptors_by_range_not_the_whole_history(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    for _ in range(40):
+        b.append(5)
+        b.upload()
+    counting = CountingMetadata(metadata)
+    cat = catalog(counting, s3_store, wal_root="none")
+    snap = cat.snapshot(b.name, 187)
+    assert [o.start_offset for o in snap.objects] == [185, 190, 195]
+    assert counting.rows <= 8  # `cur`'s range, the covering descriptor and the two after it
+    counting.rows = 0
+    assert [o.start_offset for o in cat.snapshot(b.name, 192).objects] == [190, 195]
+    assert counting.rows == 3  # `cur`'s range, then from the descriptor the last snapshot knew
+    counting.rows = 0
+    assert [o.start_offset for o in cat.snapshot(b.name, 197).objects] == [195]
+    assert counting.rows == 1
+
+
+def test_walroot_none_reads_sealed_objects_only(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    b.append(10)
+    b.upload()
+    b.append(5)
+    cat = catalog(metadata, s3_store, wal_root="none")
+    assert cat.latest_offsets([b.name]) == {b.name: 10}
+    b.seal()
+    assert cat.latest_offsets([b.name]) == {b.name: 15}
+    with pytest.raises(DataLossError, match=r"\[10, 15\)"):
+        plan(cat, b.name, 0, 15)
+
+
+def test_incremental_wal_scans_follow_appends(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    cat = catalog(metadata, s3_store)
+    assert cat.latest_offsets([b.name]) == {b.name: 0}
+    for n in (3, 50, 1):
+        b.append(n)
+        assert cat.latest_offsets([b.name]) == {b.name: len(b.messages)}
+    assert read_back(cat, b.name, 0, 54) == [b.messages[o] for o in range(54)]
+
+
+def test_wal_scan_starts_at_the_uploaders_resume_point(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    b.append(100)
+    b.upload()
+    b.append(20)
+    path, pos = b.frame_position(10)
+    corrupt_byte(path, pos + PAYLOAD_OFFSET_IN_FRAME)  # damage an uploaded frame only
+    assert catalog(metadata, s3_store).latest_offsets([b.name]) == {b.name: 120}
+
+
+def test_offsets_for_timestamp(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    for _ in range(4):
+        b.append(25, publish_time=lambda o: 1_000 + 10 * o)
+        b.upload()
+    b.append(25, publish_time=lambda o: 1_000 + 10 * o)  # WAL only
+    cat = catalog(metadata, s3_store)
+    found = {ts: cat.offsets_for_timestamp([b.name], ts)[b.name] for ts in (0, 1_000, 1_005, 1_600, 1_995, 2_240, 9_999)}
+    assert found == {0: 0, 1_000: 0, 1_005: 1, 1_600: 60, 1_995: 100, 2_240: 124, 9_999: 125}
+
+
+def test_read_cursor(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    cat = catalog(metadata, s3_store)
+    assert cat.read_cursor(b.name, "sub") is None
+    metadata.put(keys.cursor_key(b.topic, "sub"), dump_cursor(2**63 + 5))
+    assert cat.read_cursor(b.name, "sub") == 2**63 + 5
+
+
+def test_exact_byte_caps_read_frame_headers_inside_an_object(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    b.append(300, payload=lambda o: b"x" * (o % 50))
+    b.upload()
+    cat = catalog(metadata, s3_store)
+    snap = cat.snapshot(b.name, 40)
+    budget = 5_000
+    end = cap_end_offsets({b.name: 40}, {b.name: 300}, {b.name: snap}, max_messages=None,
+                          max_bytes=budget, frame_index=cat.read_frame_index)[b.name]
+    size = lambda lo, hi: sum(len(encode(b, o)) for o in range(lo, hi))  # noqa: E731
+    assert size(40, end) <= budget < size(40, end + 1)
+
+
+def encode(b: TopicBuilder, offset: int) -> bytes:
+    from danube_core.frames import encode_frame
+    from danube_core.message import encode_message
+
+    return encode_frame(offset, encode_message(b.messages[offset]))
+
+
+# ---- topic moves and data loss ------------------------------------------------------------
+
+def test_sealed_offsets_never_uploaded_come_from_the_previous_owners_wal(metadata, make, s3_store, tmp_path, unique_name):
+    b = make(f"/default/{unique_name('t')}", wal_root=str(tmp_path / "a"))
+    old = b.broker_id
+    b.append(100)
+    b.upload()
+    b.append(21)  # sealed, never uploaded
+    b.seal()
+    b.move_to(secrets.randbits(64), str(tmp_path / "b"))
+    b.append(10)
+    cat = catalog(metadata, s3_store)
+    assert cat.latest_offsets([b.name]) == {b.name: 131}
+    assert [m.msg_id.topic_offset for m in read_back(cat, b.name, 0, 131)] == list(range(131))
+    b.unregister(old)  # its WAL can no longer be found
+    with pytest.raises(DataLossError, match=r"\[100, 121\)"):
+        plan(catalog(metadata, s3_store), b.name, 0, 131)
+    lost = plan(catalog(metadata, s3_store, fail=False), b.name, 0, 131, fail=False).lost
+    assert sum(r.count for r in lost) == 21
+
+
+def test_wal_root_template_with_broker_id(metadata, make, s3_store, tmp_path, unique_name):
+    first, second = secrets.randbits(64), secrets.randbits(64)
+    b = make(f"/default/{unique_name('t')}", wal_root=str(tmp_path / f"brokers/{first}"),
+             broker_id=first, register=False)
+    b.append(12)
+    b.seal()
+    b.move_to(second, str(tmp_path / f"brokers/{second}"), register=False)
+    b.append(3)
+    b.metadata.put(keys.register_key(first), b"{\"admin_addr\":\"\",\"broker_url\":\"\",\"connect_url\":\"\"}")
+    b.registered.add(first)
+    cat = catalog(metadata, s3_store, wal_root=f"file://{tmp_path}/brokers/{{broker_id}}")
+    assert cat.latest_offsets([b.name]) == {b.name: 15}
+    assert [m.msg_id.topic_offset for m in read_back(cat, b.name, 0, 15)] == list(range(15))
+
+
+def test_wal_pruned_before_upload_is_data_loss(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    b.append(100)
+    b.upload()
+    b.rotate()
+    b.append(50)
+    b.rotate()
+    b.append(20)
+    os.remove(b.file_path(1))  # offsets 100..149 deleted before any upload
+    cat = catalog(metadata, s3_store)
+    assert cat.latest_offsets([b.name]) == {b.name: 170}
+    with pytest.raises(DataLossError, match=r"\[100, 150\)"):
+        plan(cat, b.name, 0, 170)
+
+
+def test_gap_in_the_descriptor_chain_is_data_loss(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    for _ in range(3):
+        b.append(10)
+        b.upload()
+    metadata.delete(b.storage_keys.object_key(b.topic, 10))
+    with pytest.raises(DataLossError, match=r"\[10, 20\).*gap in the descriptor chain"):
+        plan(catalog(metadata, s3_store, wal_root="none"), b.name, 0, 30)
+
+
+def test_restart_at_0_overwriting_descriptor_0_is_detected(metadata, make, s3_store, unique_name):
+    b = make(f"/default/{unique_name('t')}")
+    b.append(100)
+    b.upload()
+    b.append(100)
+    b.upload()
+    b.crash_restart(secrets.randbits(64))
+    b.append(30)
+    b.upload()  # overwrites descriptor 0 with offsets 0..29 of the new generation
+    with_wal = catalog(metadata, s3_store)
+    assert with_wal.latest_offsets([b.name]) == {b.name: 30}
+    with pytest.raises(DataLossError, match="offsets went backwards"):
+        plan(with_wal, b.name, 200, 30)
+    assert read_back(with_wal, b.name, 0, 30) == [b.messages[o] for o in range(30)]
+    sealed_only = catalog(metadata, s3_store, wal_root="none")
+    assert sealed_only.latest_offsets([b.name]) == {b.name: 200}
+    with pytest.raises(DataLossError, match=r"\[30, 100\)"):
+        plan(sealed_only, b.name, 0, 200)
