@@ -3,7 +3,9 @@
 * Registration: `/cluster/register/{id}` under a lease (TTL `register_ttl_seconds`, Danube: 32 s)
   refreshed every third of the TTL. The value carries the extension field `wal_url`. If the
   lease is lost (etcd unreachable longer than the TTL) the broker registers again.
-* State: `/cluster/brokers/{id}/state` = `{"mode":"active","reason":"boot"}` at start.
+* State: `/cluster/brokers/{id}/state` = `{"mode":"active","reason":"boot"}` at start, plus
+  `wal_url`: unlike the registration it outlives the broker, so whoever takes over a dead
+  broker's topics can still read the WAL tail it acknowledged but did not upload.
 * Assignments: the leader puts `/cluster/brokers/{id}/{ns}/{topic}`; a put loads the topic, a
   delete releases it. A release is an **unload** (seal, keep storage keys) when the unassigned
   marker says so *or* the topic is still in its namespace index; otherwise it is a **delete**.
@@ -87,7 +89,8 @@ class ClusterMembership:
         self._listener = listener
         self._metadata.put_if_absent(cluster_name_key(self._cluster_name), NULL_JSON)
         self._register()
-        self._metadata.put(broker_state_key(self.broker_id), BrokerState("active", "boot").to_json())
+        state = BrokerState("active", "boot", wal_url=self._registration.wal_url)
+        self._metadata.put(broker_state_key(self.broker_id), state.to_json())
         self._watch = self._metadata.watch_prefix(broker_assignments_prefix(self.broker_id), self._on_event)
         for key, _ in self._metadata.get_prefix(broker_assignments_prefix(self.broker_id), keys_only=True):
             parsed = parse_assignment_key(key)

@@ -13,8 +13,10 @@ While leading, `TopicAssigner` watches `/cluster/unassigned/` and `/cluster/regi
   the new owner starts after the sealed offset. Danube assigns at once and the new owner may
   load before the seal exists;
 * when a registration disappears, the broker's assignments are deleted and each topic gets a
-  `null` marker (failover). On taking over, the leader also sweeps for brokers that died
-  while nobody led.
+  `null` marker (failover). A reliable topic first gets an unsealed state naming the dead
+  broker (`record_failover`), so its next owner uploads what that broker's WAL holds beyond
+  the objects before handing out offsets. On taking over, the leader also sweeps for brokers
+  that died while nobody led.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from danube_core.metadata import KeepAlive, Lease, MetadataStore, WatchEvent, Wa
 from danube_core.records import (
     NON_RELIABLE,
     NULL_JSON,
+    RELIABLE,
     BrokerState,
     SealedState,
     UnassignedMarker,
@@ -77,6 +80,25 @@ def released_marker(raw: bytes, key: str) -> bytes:
 def is_released(raw: bytes, key: str) -> bool:
     value = load_json(raw, key)
     return isinstance(value, dict) and value.get(RELEASED_FIELD) is True
+
+
+def record_failover(
+    metadata: MetadataStore, storage_keys: StorageKeys, topic: TopicName, broker_id: int, now_s: float
+) -> bool:
+    """Name dead `broker_id` as the last owner of reliable `topic`: True if recorded.
+
+    The record is the topic's state key with `sealed: false` (every reader of the sealed offset
+    ignores it, §5.2; `last_committed_offset` is 0 and means nothing). The next owner reads
+    `broker_id`, recovers that broker's WAL tail and deletes the record before serving. An
+    existing state is kept: a sealed one already says where to continue, and an earlier dead
+    owner's record still unconsumed means no later owner served (or wrote) the topic.
+    """
+    key = delivery_key(topic)
+    raw = metadata.get(key)
+    if raw is None or parse_delivery(raw, key) != RELIABLE:
+        return False
+    record = SealedState(broker_id=broker_id, last_committed_offset=0, sealed=False, timestamp=int(now_s))
+    return metadata.put_if_absent(storage_keys.state_key(topic), record.to_json())
 
 
 class LeaderElection:
@@ -350,6 +372,7 @@ class TopicAssigner:
             parsed = parse_assignment_key(key)
             if parsed is None:
                 continue
+            record_failover(self._metadata, self._storage_keys, parsed[1], broker_id, time.time())
             self._metadata.delete(key)
             self._metadata.put(unassigned_key(parsed[1]), NULL_JSON)
             moved += 1

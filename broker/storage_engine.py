@@ -3,7 +3,8 @@
 The gRPC services and cluster coordination only load, get, unload and delete topics here; the
 engine owns the object store, the key layout and the settings every `ReliableTopicStorage`
 needs, so they are configured in one place (`StorageSettings`, mirroring the broker's
-`wal_cloud` config block).
+`wal_cloud` config block). It also tells a load where a dead previous owner kept its WAL
+(`wal_location`), so the WAL tail that broker acknowledged is recovered, not lost.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from danube_core.errors import ConfigError
-from danube_core.keys import DEFAULT_ROOT_PREFIX, StorageKeys
+from danube_core.errors import ConfigError, MetadataError
+from danube_core.keys import DEFAULT_ROOT_PREFIX, StorageKeys, broker_state_key
 from danube_core.metadata import MetadataStore
-from danube_core.objectstore import ObjectStore
-from danube_core.records import SealedState
+from danube_core.objectstore import ObjectStore, normalize_url
+from danube_core.records import BrokerState, SealedState
 from danube_core.topics import TopicName
 
 from broker.topic_storage import ReliableTopicStorage, TopicClosedError, delete_topic_keys
@@ -64,6 +65,10 @@ class StorageSettings:
                self.retention_check_interval_s, "seconds > 0")
 
 
+def _scheme(url: str) -> str:
+    return normalize_url(url).split("://", 1)[0]
+
+
 def _topic(topic: TopicName | str) -> TopicName:
     return topic if isinstance(topic, TopicName) else TopicName.parse(topic)
 
@@ -93,9 +98,26 @@ class StorageEngine:
                     max_object_bytes=s.max_object_bytes, retention_max_age_s=s.retention_max_age_s,
                     retention_max_total_bytes=s.retention_max_total_bytes,
                     retention_check_interval_s=s.retention_check_interval_s,
+                    locate_wal=self.wal_location,
                 )
                 self._topics[name] = storage
             return storage
+
+    def wal_location(self, broker_id: int) -> tuple[str, dict[str, Any]] | None:
+        """Where broker `broker_id` keeps its WAL, even after it died: the `wal_url` of its
+        (unleased) broker state, with the cloud options if it is on the object store's protocol.
+        None if it recorded none (an older broker, or a state written by Danube)."""
+        key = broker_state_key(broker_id)
+        raw = self.metadata.get(key)
+        try:
+            url = BrokerState.from_json(raw, key).wal_url if raw is not None else None
+        except MetadataError as exc:  # malformed, not unavailable: it must not block the load
+            logger.error("cannot tell where broker %d kept its WAL: %s", broker_id, exc)
+            return None
+        if url is None:
+            return None
+        same = _scheme(url) == _scheme(self.settings.cloud_url)
+        return url, dict(self.settings.cloud_options) if same else {}
 
     def get(self, topic: TopicName | str) -> ReliableTopicStorage | None:
         """The loaded topic, or None if this broker does not serve it."""

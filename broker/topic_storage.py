@@ -9,6 +9,13 @@ This is seed 003 ("reliable topic moves") done right. Differences from v0.7.3 (s
 * **Load** starts the WAL after the sealed offset and seeds `uploader.ckpt`; without a sealed
   state (the previous owner crashed) it continues after the last descriptor's end and after
   any local WAL, never at 0 (the broker restarts at 0 and overwrites history, §6.6).
+* **Failover**: the leader names a dead owner in an unsealed state (`leader.record_failover`).
+  Its producers were told offsets past the last descriptor are stored, and they are only in
+  its WAL; so before opening its own WAL the new owner reads that WAL (through the `wal_url`
+  the dead broker left in its broker state), uploads the frames beyond the descriptors with the
+  ordinary uploader, and continues after the largest offset found there. If that WAL cannot
+  be read, an error names the broker, the URL and the offsets at risk, and the topic continues
+  after the descriptors (readers then report the gap as data loss).
 * **Empty topics**: the sealed offset is "last offset handed out". A topic that never handed
   one out (WAL head still 0) writes **no** marker, so the next owner starts at 0 like a new
   topic; the broker would write 0 and make the next owner skip offset 0. A topic that started
@@ -27,9 +34,13 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
+
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 from danube_core.checkpoints import (
     UPLOADER_CHECKPOINT_NAME,
@@ -38,7 +49,7 @@ from danube_core.checkpoints import (
     temp_path_for,
     write_checkpoint,
 )
-from danube_core.errors import DanubeError
+from danube_core.errors import CorruptFrameError, DanubeError, DataLossError
 from danube_core.keys import StorageKeys, parse_subscription_key, subscriptions_prefix
 from danube_core.message import StreamMessage
 from danube_core.metadata import MetadataStore
@@ -49,11 +60,14 @@ from danube_core.topics import TopicName
 from broker.cursors import SubscriptionCursor
 from broker.retention import WalRetention
 from broker.tiered_reader import DescriptorCatalog, TieredReader
-from broker.uploader import Uploader, uploader_checkpoint_path
+from broker.uploader import ReadOnlyWal, Uploader, uploader_checkpoint_path
 from broker.wal import Wal, WalConfig
 from broker.wal_files import segment_seq
 
 logger = logging.getLogger(__name__)
+
+WalLocator = Callable[[int], tuple[str, dict[str, Any]] | None]
+"""Broker id -> (fsspec URL of that broker's WAL root, storage options); None if unknown."""
 
 
 class TopicClosedError(DanubeError):
@@ -62,13 +76,18 @@ class TopicClosedError(DanubeError):
     retriable = True
 
 
+def read_state(metadata: MetadataStore, keys: StorageKeys, topic: TopicName) -> SealedState | None:
+    """The state marker: sealed (unload) or not (a failover record naming the dead owner)."""
+    key = keys.state_key(topic)
+    raw = metadata.get(key)
+    return None if raw is None else SealedState.from_json(raw, key)
+
+
 def read_sealed_state(
     metadata: MetadataStore, keys: StorageKeys, topic: TopicName
 ) -> SealedState | None:
     """The sealed marker if present and `sealed` (a marker with `sealed: false` is ignored)."""
-    key = keys.state_key(topic)
-    raw = metadata.get(key)
-    state = None if raw is None else SealedState.from_json(raw, key)
+    state = read_state(metadata, keys, topic)
     return state if state is not None and state.sealed else None
 
 
@@ -145,11 +164,24 @@ class ReliableTopicStorage:
         retention_max_age_s: float | None = None,
         retention_max_total_bytes: int | None = None,
         retention_check_interval_s: float = 300.0,
+        locate_wal: WalLocator | None = None,
         clock: Callable[[], float] = time.time,
     ) -> "ReliableTopicStorage":
-        """Open the topic on broker `broker_id` and start its uploader and retention threads."""
+        """Open the topic on broker `broker_id` and start its uploader and retention threads.
+
+        After a failover, `locate_wal` finds the dead owner's WAL (see the module docstring).
+        """
         topic = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
-        sealed, initial = _first_offset(metadata, keys, topic)
+        state = read_state(metadata, keys, topic)
+        sealed = state if state is not None and state.sealed else None
+        recovered_floor = 0
+        if state is not None and not state.sealed and state.broker_id != broker_id:
+            recovered_floor = recover_previous_wal(
+                topic, state.broker_id, locate_wal, os.path.join(wal_config.root, topic.namespace, topic.topic),
+                store=store, metadata=metadata, keys=keys, file_name=wal_config.file_name,
+                max_object_bytes=max_object_bytes, clock=clock,
+            )
+        initial = max(_first_offset(metadata, keys, topic, sealed), recovered_floor)
         wal = Wal.open(topic, wal_config, initial_offset=initial)
         try:
             if sealed is not None:
@@ -162,7 +194,7 @@ class ReliableTopicStorage:
                 wal, uploader_checkpoint_path=uploader_checkpoint_path(wal),
                 max_age_s=retention_max_age_s, max_total_bytes=retention_max_total_bytes, clock=clock,
             )
-            if sealed is not None:
+            if state is not None:  # consumed: a later failover may name this broker instead
                 metadata.delete(keys.state_key(topic))
         except BaseException:
             wal.close()
@@ -274,11 +306,10 @@ class ReliableTopicStorage:
 
 
 def _first_offset(
-    metadata: MetadataStore, keys: StorageKeys, topic: TopicName
-) -> tuple[SealedState | None, int]:
-    """The sealed state (None if absent) and the lowest offset the new WAL may hand out:
-    after the sealed offset and after every descriptor (the WAL adds its local files)."""
-    sealed = read_sealed_state(metadata, keys, topic)
+    metadata: MetadataStore, keys: StorageKeys, topic: TopicName, sealed: SealedState | None
+) -> int:
+    """The lowest offset the new WAL may hand out: after the sealed offset and after every
+    descriptor (the WAL adds its local files)."""
     last = DescriptorCatalog(metadata, keys, topic).last()
     initial = max(
         sealed.last_committed_offset + 1 if sealed is not None else 0,
@@ -289,7 +320,76 @@ def _first_offset(
             "%s has no sealed state but objects up to offset %d (its previous owner did not "
             "unload); continuing at %d or after the local WAL, never at 0", topic, last.end_offset, initial,
         )
-    return sealed, initial
+    return initial
+
+
+def recover_previous_wal(
+    topic: TopicName,
+    previous: int,
+    locate_wal: WalLocator | None,
+    own_directory: str,
+    *,
+    store: ObjectStore,
+    metadata: MetadataStore,
+    keys: StorageKeys,
+    file_name: str,
+    max_object_bytes: int | None,
+    clock: Callable[[], float],
+) -> int:
+    """Upload what dead broker `previous` holds of `topic` beyond the descriptors; the lowest
+    offset the new WAL may hand out (after every whole frame found there, recovered or not).
+
+    Errors of this broker's object store or etcd propagate (the load fails and can be retried);
+    an unreadable WAL of `previous` is logged with the offsets at risk.
+    """
+    last = DescriptorCatalog(metadata, keys, topic).last()
+    uploaded = last.end_offset if last is not None else -1
+    location = locate_wal(previous) if locate_wal is not None else None
+    url = location[0] if location is not None else "(no wal_url recorded)"
+    try:
+        source = _previous_wal(topic, previous, location, own_directory, file_name)
+    except (OSError, ValueError) as exc:  # fsspec: unreachable, unknown protocol, bad URL
+        logger.error("%s: the WAL of its previous owner, broker %d, at %s cannot be read (%s): offsets "
+                     "from %d on that it acknowledged but did not upload may be lost; continuing after "
+                     "the last uploaded offset %d", topic, previous, url, exc, uploaded + 1, uploaded)
+        return 0
+    if source is None:
+        return 0
+    uploader = Uploader(topic, source, store, metadata, keys, max_object_bytes=max_object_bytes,
+                        clock=clock, durable=False)
+    try:
+        uploader.drain()
+    except (CorruptFrameError, DataLossError, OSError) as exc:
+        committed = uploader.last_committed_offset
+        logger.error("%s: offsets %d..%d in the WAL of broker %d at %s cannot be recovered (%s); they are "
+                     "skipped, never reused", topic, max(uploaded, -1 if committed is None else committed) + 1,
+                     source.last_offset, previous, url, exc)
+    recovered = uploader.last_committed_offset
+    if recovered is not None and recovered > uploaded:
+        logger.warning("%s: recovered offsets %d..%d from the WAL of dead broker %d at %s",
+                       topic, uploaded + 1, recovered, previous, url)
+    return max(x for x in (recovered, source.last_offset, -1) if x is not None) + 1
+
+
+def _previous_wal(
+    topic: TopicName, previous: int, location: tuple[str, dict[str, Any]] | None, own_directory: str,
+    file_name: str,
+) -> ReadOnlyWal | None:
+    """`previous`'s WAL directory of `topic`, scanned; None if it is this broker's own (the
+    local WAL recovers itself) or was never created. OSError if it cannot be read."""
+    if location is None:
+        raise FileNotFoundError(f"broker {previous} left no wal_url in its broker state")
+    url, options = location
+    fs, root = url_to_fs(url, **options)
+    directory = posixpath.join(root, topic.namespace, topic.topic)
+    if isinstance(fs, LocalFileSystem) and os.path.abspath(directory) == os.path.abspath(own_directory):
+        return None
+    if not fs.isdir(root):
+        raise FileNotFoundError(f"WAL root {root} does not exist on this host")
+    if not fs.isdir(directory):
+        logger.info("%s: broker %d never wrote a WAL for it under %s", topic, previous, url)
+        return None
+    return ReadOnlyWal.open(directory, fs, file_name)
 
 
 def _seed_uploader_checkpoint(

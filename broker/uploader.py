@@ -16,6 +16,10 @@ puts `cur` → writes `uploader.ckpt`. Deliberate differences from v0.7.3, forma
   descriptor put it resumes after that descriptor; an object left by a crash before it is
   re-uploaded under a new id and deleted best-effort. Frames at or below the committed offset
   are never uploaded again, so no offset is in two descriptors.
+
+The source is normally the topic's own `Wal`. When a broker died before uploading, the next
+owner points an uploader at the dead broker's directory as a `ReadOnlyWal` (any fsspec
+filesystem): the same cycles upload its tail, with no `uploader.ckpt` read or written there.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Callable, Iterator
 
+import fsspec
+
 from danube_core.checkpoints import UPLOADER_CHECKPOINT_NAME, UploaderCheckpoint, read_checkpoint, write_checkpoint
 from danube_core.errors import CorruptFrameError, DanubeError, DataLossError, MetadataError
 from danube_core.frames import FRAME_HEADER, FRAME_HEADER_SIZE, STOP_CRC, FrameRef, scan_frames
@@ -39,7 +45,7 @@ from danube_core.topics import TopicName
 
 from broker.tiered_reader import DescriptorCatalog, pending_frame_bytes
 from broker.wal import Wal
-from broker.wal_files import WalSegment
+from broker.wal_files import DEFAULT_FILE_NAME, WalSegment, list_segments, scan_segment
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +56,37 @@ INDEX_EVERY_FRAMES = 1000  # the 1st, 1001st, 2001st, ... frame of an object is 
 def uploader_checkpoint_path(wal: Wal) -> str:
     """`<wal dir>/uploader.ckpt`: the uploader's progress lives next to the WAL files (§3.1)."""
     return os.path.join(wal.directory, UPLOADER_CHECKPOINT_NAME)
+
+
+class ReadOnlyWal:
+    """A WAL directory another, dead, broker wrote, as an uploader's source (see the module
+    docstring). It no longer grows, so it is scanned once, in `open`."""
+
+    def __init__(self, directory: str, fs: fsspec.AbstractFileSystem, segments: list[WalSegment]) -> None:
+        self.directory = directory
+        self.fs = fs
+        self._segments = segments
+
+    @classmethod
+    def open(
+        cls, directory: str, fs: fsspec.AbstractFileSystem, file_name: str = DEFAULT_FILE_NAME
+    ) -> "ReadOnlyWal":
+        """Scan every WAL file's frame headers (CRC-checked); OSError if they cannot be read."""
+        scans = [scan_segment(seg, fs) for seg in list_segments(directory, None, fs, file_name=file_name)]
+        found = [scan.segment for scan in scans if scan.segment.last_offset is not None]
+        return cls(directory, fs, sorted(found, key=lambda seg: (seg.first_offset, seg.seq)))
+
+    @property
+    def last_offset(self) -> int | None:
+        """Largest offset of a whole frame in any file: the dead broker may have acked it."""
+        return max((seg.last_offset for seg in self._segments), default=None)
+
+    def segments(self) -> list[WalSegment]:
+        return list(self._segments)
+
+    def flush(self) -> int | None:
+        """Nothing to flush: the last offset on disk, which `Uploader.drain` must reach."""
+        return self.last_offset
 
 
 @dataclass
@@ -83,9 +120,11 @@ class _CycleScan:
     """
 
     def __init__(
-        self, topic: TopicName, progress: _Progress, chunk_bytes: int, max_bytes: int | None
+        self, topic: TopicName, progress: _Progress, chunk_bytes: int, max_bytes: int | None,
+        fs: fsspec.AbstractFileSystem | None = None,
     ) -> None:
         self._topic = topic
+        self._fs = fs
         self._progress = progress
         self._chunk_bytes = chunk_bytes
         self._max_bytes = max_bytes
@@ -110,7 +149,7 @@ class _CycleScan:
 
     def _file_pieces(self, seg: WalSegment, start: int, is_newest: bool) -> Iterator[_Piece]:
         try:
-            fh = open(seg.path, "rb")
+            fh = open(seg.path, "rb") if self._fs is None else self._fs.open(seg.path, "rb")
         except FileNotFoundError:
             return  # retention deleted it between listing and opening: it was uploaded
         with fh:
@@ -180,13 +219,13 @@ class Uploader:
     """Uploads one topic's WAL to the object store and records it in etcd (single writer).
 
     `clock` gives Unix seconds (object ids, `created_at`, `updated_at`); `durable` fsyncs
-    `uploader.ckpt`. Thread-safe: cycles are serialised.
+    `uploader.ckpt` (none for a `ReadOnlyWal`). Thread-safe: cycles are serialised.
     """
 
     def __init__(
         self,
         topic: TopicName | str,
-        wal: Wal,
+        wal: Wal | ReadOnlyWal,
         store: ObjectStore,
         metadata: MetadataStore,
         keys: StorageKeys,
@@ -214,7 +253,9 @@ class Uploader:
         self._clock = clock
         self._durable = durable
         self._chunk_bytes = chunk_bytes
-        self._ckpt_path = uploader_checkpoint_path(wal)
+        read_only = isinstance(wal, ReadOnlyWal)
+        self._fs = wal.fs if read_only else None
+        self._ckpt_path = None if read_only else uploader_checkpoint_path(wal)
         self._lock = threading.Lock()
         self._progress: _Progress | None = None  # None: reconcile before the next cycle
         self._taken_ids: set[str] = set()  # ids of objects that may exist without a descriptor
@@ -236,7 +277,8 @@ class Uploader:
         with self._lock:
             if self._progress is None:
                 self._reconcile()
-            scan = _CycleScan(self._topic, self._progress, self._chunk_bytes, self._max_object_bytes)
+            scan = _CycleScan(self._topic, self._progress, self._chunk_bytes, self._max_object_bytes,
+                              self._fs)
             pieces = scan.pieces(self._wal.segments())
             first = next(pieces, None)
             self._corrupt, self._capped = scan.corrupt, False
@@ -297,6 +339,8 @@ class Uploader:
             logger.warning("could not point %s at %d: %s", self._keys.cur_key(self._topic), start_offset, exc)
 
     def _write_checkpoint(self, progress: _Progress) -> None:
+        if self._ckpt_path is None:
+            return
         committed = progress.committed if progress.committed is not None else 0
         ckpt = UploaderCheckpoint(committed, progress.seq, progress.pos, progress.last_object_id,
                                   int(self._clock()))
@@ -306,7 +350,8 @@ class Uploader:
 
     def _reconcile(self) -> None:
         """Align `uploader.ckpt` with etcd, and delete objects no descriptor can reference."""
-        ckpt = read_checkpoint(self._ckpt_path, UploaderCheckpoint) or UploaderCheckpoint()
+        ckpt = (read_checkpoint(self._ckpt_path, UploaderCheckpoint) if self._ckpt_path else None
+                ) or UploaderCheckpoint()
         # Without an object id the checkpoint records no upload (the retention reads it so too).
         local = ckpt.last_committed_offset if ckpt.last_object_id else None
         progress = _Progress(local, ckpt.last_read_file_seq, ckpt.last_read_byte_position,

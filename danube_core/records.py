@@ -200,7 +200,11 @@ class CurPointer(JsonRecord):
 
 @dataclass
 class SealedState(JsonRecord):
-    """Written on unload; the next owner starts its WAL at `last_committed_offset + 1` (§6.3)."""
+    """Written on unload; the next owner starts its WAL at `last_committed_offset + 1` (§6.3).
+
+    With `sealed: false` (ignored by every reader of the offset, §5.2) the leader's failover
+    names the dead owner in `broker_id`, so the next owner can recover that broker's WAL tail.
+    """
 
     broker_id: int
     last_committed_offset: int
@@ -347,13 +351,19 @@ BROKER_MODES = ("active", "draining", "drained")
 
 @dataclass
 class BrokerState(JsonRecord):
-    """`/cluster/brokers/{id}/state`; a missing key means active."""
+    """`/cluster/brokers/{id}/state`; a missing key means active.
+
+    `wal_url` is our extension, the same URL as the registration's: the state key is not
+    leased, so the next owner of a dead broker's topics can still find its WAL; Danube
+    ignores it.
+    """
 
     mode: str
     reason: str | None = None
+    wal_url: str | None = None
 
-    _fields = {"mode": one_of(*BROKER_MODES), "reason": optional(string)}
-    _omit_when_none = frozenset({"reason"})
+    _fields = {"mode": one_of(*BROKER_MODES), "reason": optional(string), "wal_url": optional(string)}
+    _omit_when_none = frozenset({"reason", "wal_url"})
 
 
 @dataclass

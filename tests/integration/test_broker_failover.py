@@ -5,6 +5,9 @@
   every acknowledged message is readable and no offset is used twice.
 * a dead broker's topic is reassigned to a survivor and continues after the last uploaded
   offset (recovered from storage), never at 0.
+* kill -9 before the uploader ran: the survivor (its own WAL directory) uploads what the dead
+  broker acknowledged from the dead broker's WAL; every acked message is readable, no offset
+  is used twice.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import pytest
 from danube import DanubeClientBuilder, DispatchStrategy, ProducerOptions, SubType
 
 from danube_core.frames import iter_messages
-from danube_core.keys import LEADER_KEY
+from danube_core.keys import LEADER_KEY, cursor_key
 from danube_core.metadata import EtcdMetadataStore
-from danube_core.records import parse_u64
+from danube_core.records import parse_cursor, parse_u64
+from danube_core.topics import TopicName
 from tests.integration.broker_process import BrokerProcess, run_admin
 from tests.rig import eventually
 
@@ -42,6 +46,58 @@ def _owner(etcd_endpoint: str, topic: str) -> int | None:
 def _uploaded_through(etcd_endpoint: str, topic: str) -> int:
     rows = run_admin(etcd_endpoint, "topics", "storage", topic)
     return max((row["value"]["end_offset"] for row in rows if row["kind"] == "descriptor"), default=-1)
+
+
+def _cursor(etcd_endpoint: str, topic: str, subscription: str) -> int | None:
+    key = cursor_key(TopicName.parse(topic), subscription)
+    with EtcdMetadataStore(etcd_endpoint) as store:
+        raw = store.get(key)
+    return None if raw is None else parse_cursor(raw, key)
+
+
+async def _produce(url: str, topic: str, start: int, count: int) -> None:
+    """Send f-<start>.. one by one; each send returns once the broker acknowledged it."""
+    client = await DanubeClientBuilder().service_url(url).build()
+    producer = (client.new_producer().with_topic(topic).with_name(f"p-{start}")
+                .with_dispatch_strategy(DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    for i in range(start, start + count):
+        await producer.send(f"f-{i}".encode())
+    await producer.close()
+
+
+async def _subscribe(url: str, topic: str, subscription: str):
+    """An Exclusive consumer, attached (a new subscription starts at the latest offset)."""
+    client = await DanubeClientBuilder().service_url(url).build()
+    consumer = (client.new_consumer().with_topic(topic).with_consumer_name("reader")
+                .with_subscription(subscription).with_subscription_type(SubType.EXCLUSIVE).build())
+    await consumer.subscribe()
+    return consumer, await consumer.receive()
+
+
+async def _take(consumer, queue: asyncio.Queue, count: int) -> list:
+    got = []
+    for _ in range(count):
+        msg = await asyncio.wait_for(queue.get(), 60)
+        got.append(msg)
+        await consumer.ack(msg)
+    return got
+
+
+async def _consume(url: str, topic: str, subscription: str, count: int) -> list:
+    consumer, queue = await _subscribe(url, topic, subscription)
+    got = await _take(consumer, queue, count)
+    await consumer.close()
+    return got
+
+
+async def _produce_and_read_first(url: str, topic: str, subscription: str, produced: int, read: int) -> list:
+    """Attach a consumer, produce 0..produced-1, receive and ack the first `read`."""
+    consumer, queue = await _subscribe(url, topic, subscription)
+    await _produce(url, topic, 0, produced)
+    got = await _take(consumer, queue, read)
+    await consumer.close()
+    return got
 
 
 def test_leader_failover_within_lease_ttl(etcd_endpoint, tmp_path):
@@ -156,44 +212,50 @@ def test_dead_broker_topic_continues_on_survivor_after_last_uploaded_offset(etcd
         run_admin(etcd_endpoint, "topics", "create", topic)
         eventually(lambda: _owner(etcd_endpoint, topic) == doomed.broker_id, 20)
         survivor = BrokerProcess(etcd_endpoint, tmp_path, "survivor", cloud).start()
-
-        async def produce(url: str, start: int, count: int) -> None:
-            client = await DanubeClientBuilder().service_url(url).build()
-            producer = (client.new_producer().with_topic(topic).with_name(f"p-{start}")
-                        .with_dispatch_strategy(DispatchStrategy.RELIABLE).build())
-            await producer.create()
-            for i in range(start, start + count):
-                await producer.send(f"f-{i}".encode())
-            await producer.close()
-
-        async def consume(url: str, count: int) -> list:
-            client = await DanubeClientBuilder().service_url(url).build()
-            consumer = (client.new_consumer().with_topic(topic).with_consumer_name("reader")
-                        .with_subscription("from-zero").with_subscription_type(SubType.EXCLUSIVE).build())
-            await consumer.subscribe()
-            queue = await consumer.receive()
-            got = []
-            for _ in range(count):
-                msg = await asyncio.wait_for(queue.get(), 60)
-                got.append(msg)
-                await consumer.ack(msg)
-            await consumer.close()
-            return got
-
-        async def first_phase() -> list:
-            reading = asyncio.create_task(consume(doomed.url, 10))
-            await asyncio.sleep(1.0)  # the subscription starts at Latest: let it attach first
-            await produce(doomed.url, 0, 30)
-            return await reading
-
-        assert [m.msg_id.topic_offset for m in asyncio.run(first_phase())] == list(range(10))
+        first = asyncio.run(_produce_and_read_first(doomed.url, topic, "from-zero", 30, 10))
+        assert [m.msg_id.topic_offset for m in first] == list(range(10))
         eventually(lambda: _uploaded_through(etcd_endpoint, topic) == 29, 30)
         doomed.kill()
         eventually(lambda: _owner(etcd_endpoint, topic) == survivor.broker_id, 30)
-        asyncio.run(produce(survivor.url, 30, 5))
-        rest = asyncio.run(consume(survivor.url, 25))
+        asyncio.run(_produce(survivor.url, topic, 30, 5))
+        rest = asyncio.run(_consume(survivor.url, topic, "from-zero", 25))
         assert [m.msg_id.topic_offset for m in rest] == list(range(10, 35))
         assert [m.payload for m in rest] == [f"f-{i}".encode() for i in range(10, 35)]
+    finally:
+        for proc in (survivor, doomed):
+            if proc is not None:
+                proc.stop()
+
+
+def test_kill_9_before_upload_survivor_recovers_acked_messages_from_dead_brokers_wal(
+    etcd_endpoint, tmp_path, unique_name
+):
+    cloud = str(tmp_path / "cloud")
+    no_upload = {"uploader": {"interval_seconds": 3600, "root_prefix": "/danube-data"}}
+    doomed = BrokerProcess(etcd_endpoint, tmp_path, "doomed", cloud, wal_cloud=no_upload).start()
+    topic = f"/default/{unique_name('unuploaded')}"
+    survivor = None
+    try:
+        run_admin(etcd_endpoint, "topics", "create", topic)
+        eventually(lambda: _owner(etcd_endpoint, topic) == doomed.broker_id, 20)
+        survivor = BrokerProcess(etcd_endpoint, tmp_path, "survivor", cloud).start()
+        first = asyncio.run(_produce_and_read_first(doomed.url, topic, "resume", 40, 10))
+        assert [m.msg_id.topic_offset for m in first] == list(range(10))
+        eventually(lambda: _cursor(etcd_endpoint, topic, "resume") == 9, 20)
+        assert _uploaded_through(etcd_endpoint, topic) == -1  # the 40 acks exist only in doomed's WAL
+
+        doomed.kill()
+        eventually(lambda: _owner(etcd_endpoint, topic) == survivor.broker_id, 30)
+        asyncio.run(_produce(survivor.url, topic, 40, 5))
+        rest = asyncio.run(_consume(survivor.url, topic, "resume", 35))
+
+        assert [m.msg_id.topic_offset for m in rest] == list(range(10, 45))
+        assert [m.payload for m in rest] == [f"f-{i}".encode() for i in range(10, 45)]
+        assert _uploaded_through(etcd_endpoint, topic) >= 39
+        on_doomed = [offset for offset, _ in _wal_offsets(doomed.wal_dir)]
+        on_survivor = [offset for offset, _ in _wal_offsets(survivor.wal_dir)]
+        assert sorted(on_doomed) == list(range(40))
+        assert sorted(on_survivor) == list(range(40, 45)), "an offset was handed out twice"
     finally:
         for proc in (survivor, doomed):
             if proc is not None:
