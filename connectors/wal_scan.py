@@ -32,7 +32,7 @@ from danube_core.checkpoints import (
 from danube_core.errors import CheckpointError
 from danube_core.metadata import MetadataStore
 from danube_core.objectstore import normalize_url, translate_error
-from danube_core.records import BrokerRegistration
+from danube_core.records import BrokerRegistration, BrokerState
 from danube_core.topics import TopicName
 
 logger = logging.getLogger(__name__)
@@ -53,15 +53,23 @@ class ClusterView:
     @classmethod
     def read(cls, metadata: MetadataStore) -> "ClusterView":
         owners = {}
-        for key, _ in metadata.get_prefix(keys.BROKERS_PREFIX, keys_only=True):
+        wal_urls = {}
+        for key, raw in metadata.get_prefix(keys.BROKERS_PREFIX):
             parsed = keys.parse_assignment_key(key)
             if parsed is not None:
                 owners[parsed[1].storage_path] = parsed[0]
-        wal_urls = {}
+            elif key.endswith("/state"):
+                # The state record outlives the broker's leased registration, so a dead
+                # owner's WAL stays findable until the new owner has recovered it.
+                broker_id = key[len(keys.BROKERS_PREFIX):-len("/state")]
+                state = BrokerState.from_json(raw, key)
+                if broker_id.isdigit() and state.wal_url:
+                    wal_urls[int(broker_id)] = state.wal_url
         for key, raw in metadata.get_prefix(keys.REGISTER_PREFIX):
             broker_id = key[len(keys.REGISTER_PREFIX):]
             if broker_id.isdigit():
-                wal_urls[int(broker_id)] = BrokerRegistration.from_json(raw, key).wal_url or ""
+                registered = BrokerRegistration.from_json(raw, key).wal_url
+                wal_urls[int(broker_id)] = registered or wal_urls.get(int(broker_id), "")
         return cls(owners, wal_urls)
 
 

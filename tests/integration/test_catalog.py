@@ -21,7 +21,7 @@ from danube_core.checkpoints import WalCheckpoint
 from danube_core.errors import DataLossError
 from danube_core.metadata import EtcdMetadataStore, MetadataStore
 from danube_core.objectstore import ObjectStore
-from danube_core.records import NULL_JSON, dump_cursor
+from danube_core.records import NULL_JSON, BrokerState, dump_cursor
 from danube_core.topics import TopicName
 from tests.topic_builder import PAYLOAD_OFFSET_IN_FRAME, TopicBuilder, corrupt_byte, messages_of
 
@@ -243,6 +243,20 @@ def test_sealed_offsets_never_uploaded_come_from_the_previous_owners_wal(metadat
         plan(catalog(metadata, s3_store), b.name, 0, 131)
     lost = plan(catalog(metadata, s3_store, fail=False), b.name, 0, 131, fail=False).lost
     assert sum(r.count for r in lost) == 21
+
+
+def test_dead_owners_wal_found_through_its_durable_state_record(metadata, make, s3_store, tmp_path, unique_name):
+    b = make(f"/default/{unique_name('t')}", wal_root=str(tmp_path / "a"))
+    b.append(40)
+    b.upload()
+    b.append(12)  # acked by the owner, not uploaded yet
+    dead = b.broker_id
+    metadata.put(keys.broker_state_key(dead),
+                 BrokerState("active", "boot", wal_url="file://" + str(tmp_path / "a")).to_json())
+    b.unregister(dead)  # the registration lease expired with the broker; the state record stays
+    cat = catalog(metadata, s3_store)
+    assert cat.latest_offsets([b.name]) == {b.name: 52}
+    assert [m.msg_id.topic_offset for m in read_back(cat, b.name, 0, 52)] == list(range(52))
 
 
 def test_wal_root_template_with_broker_id(metadata, make, s3_store, tmp_path, unique_name):
