@@ -118,6 +118,8 @@ def spark():
         .config("spark.sql.warehouse.dir", warehouse)
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", "2")
+        # Python workers can be slow to connect back on a loaded 2-core machine.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     )

@@ -1,0 +1,34 @@
+"""The `danube` PySpark data source: batch and streaming reads of Danube topics from storage.
+
+`register(spark)` makes `format("danube")` available in a session and installs the listener
+that commits subscription cursors after each batch (`connectors.cursor_commit`). The user
+manual, with every option, is the docstring of `DanubeDataSource`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from connectors.source import DanubeDataSource
+
+__all__ = ["DanubeDataSource", "register"]
+
+_COMMITTERS: dict[int, Any] = {}
+
+
+def register(spark: Any, *, etcd_options: Mapping[str, str] | None = None) -> Any:
+    """Register `format("danube")` and the cursor-committing listener in `spark`.
+
+    `etcd_options` (`etcd.user`, `etcd.password`, `etcd.caCert`, ...) are the credentials the
+    listener uses for the etcd endpoints named in the streams' offsets. Calling it again on the
+    same session registers nothing twice. Returns the listener.
+    """
+    from connectors.cursor_commit import DanubeCursorCommitter
+
+    spark.dataSource.register(DanubeDataSource)
+    committer = _COMMITTERS.get(id(spark))
+    if committer is None:
+        committer = DanubeCursorCommitter(etcd_options)
+        spark.streams.addListener(committer)
+        _COMMITTERS[id(spark)] = committer
+    return committer

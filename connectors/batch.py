@@ -1,0 +1,129 @@
+"""Batch reads, and the pieces batch and streaming reads share.
+
+Planning runs on the driver: resolve the topics, turn the starting/ending options into
+end-exclusive positions, snapshot the topics (descriptors by key range, sealed state, WAL
+head) and let the pure planner cut `[start, end)` into `ReadTask`s. Each Spark partition
+carries one task, so executors read their object byte range or WAL run without etcd and
+convert the decoded Arrow batches to the Spark schema (`read()` yields Arrow batches).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Iterator, Mapping
+
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from connectors.offsets import resolve_end, resolve_start
+from connectors.options import DanubeOptions
+from connectors.read_task import ReadTask
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from connectors.catalog import TopicCatalog
+    from danube_core.metadata import MetadataStore
+
+logger = logging.getLogger(__name__)
+
+# Decoder columns the Spark schema is built from (the others are never decoded into Arrow).
+READ_COLUMNS = (
+    "offset", "producer_id", "payload", "publish_time", "producer_name", "attributes",
+    "schema_id", "schema_version",
+)
+
+
+class DanubePartition(InputPartition):
+    """One Spark partition: one read task (picklable, plain data)."""
+
+    def __init__(self, index: int, task: ReadTask) -> None:
+        super().__init__(index)
+        self.task = task
+
+    def __repr__(self) -> str:
+        t = self.task
+        return f"DanubePartition({t.topic} [{t.start_offset}, {t.end_offset}) from {t.source})"
+
+
+def open_catalog(options: DanubeOptions) -> tuple["TopicCatalog", "MetadataStore"]:
+    """The driver's catalog and the etcd connection behind it (close the store when done)."""
+    from connectors.catalog import TopicCatalog
+
+    metadata = options.etcd.connect()
+    catalog = TopicCatalog(
+        metadata,
+        root_prefix=options.root_prefix,
+        storage_url=options.storage_url,
+        storage_options=dict(options.storage_options),
+        wal_root=options.wal_root,
+        fail_on_data_loss=options.fail_on_data_loss,
+    )
+    return catalog, metadata
+
+
+def topics_of(catalog: "TopicCatalog", options: DanubeOptions) -> list[str]:
+    """The topic partitions the options select, as broker names, in a stable order."""
+    resolved = catalog.resolve_topics(
+        list(options.topics) if options.topics is not None else None,
+        options.topic_pattern,
+        options.namespace,
+    )
+    return [str(topic) for topic in resolved]
+
+
+def plan_partitions(
+    catalog: "TopicCatalog", options: DanubeOptions, start: Mapping[str, int], end: Mapping[str, int]
+) -> list[DanubePartition]:
+    """Partitions reading `[start[t], end[t])` of every topic of `end` (start covers them all)."""
+    from connectors.planner import plan_tasks
+
+    wanted = {t: e for t, e in end.items() if e != start[t]}
+    if not wanted:
+        return []
+    begin = {t: min(start[t], e) for t, e in wanted.items()}
+    snapshots = catalog.snapshots(begin, {t: max(start[t], e) for t, e in wanted.items()})
+    plan = plan_tasks(
+        snapshots, {t: start[t] for t in wanted}, wanted,
+        max_partition_bytes=options.max_partition_bytes,
+        fail_on_data_loss=options.fail_on_data_loss,
+    )
+    if plan.lost:
+        logger.warning("skipping lost offsets per topic (failOnDataLoss=false): %s", plan.lost_offsets)
+    return [DanubePartition(i, task) for i, task in enumerate(plan.tasks)]
+
+
+def read_partition(partition: InputPartition, include_source: bool) -> Iterator["pa.RecordBatch"]:
+    """Executor side: the partition's messages as Arrow batches in the Spark schema."""
+    if not isinstance(partition, DanubePartition):
+        return  # Spark's placeholder when a batch plan has no partitions
+    from connectors.schema import to_spark_batch
+    from connectors.task_reader import read_task
+
+    task = partition.task
+    source = task.source if include_source else None
+    for raw in read_task(task, READ_COLUMNS):
+        if raw.num_rows:
+            yield to_spark_batch(raw, task.topic, source)
+
+
+class DanubeBatchReader(DataSourceReader):
+    """`spark.read.format("danube")`: reads `[startingOffsets, endingOffsets)` once."""
+
+    def __init__(self, options: DanubeOptions) -> None:
+        options.require_batch()
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        catalog, metadata = open_catalog(self.options)
+        try:
+            topics = topics_of(catalog, self.options)
+            start = resolve_start(self.options.starting_for(streaming=False), topics, catalog, self.options.subscription)
+            end = resolve_end(self.options.ending, topics, catalog)
+            partitions = plan_partitions(catalog, self.options, start, end)
+        finally:
+            metadata.close()
+        logger.info("batch read of %d topic(s) %s -> %s in %d partition(s)", len(topics), start, end, len(partitions))
+        return list(partitions)
+
+    def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
+        return read_partition(partition, self.options.include_source)

@@ -1,0 +1,259 @@
+"""Subscription cursors in etcd: commit after the sink, registration, lag, one live query.
+
+The cursor `/topics/{T}/subscriptions/{sub}/cursor` holds the last offset the sink has durably
+written (inclusive, a JSON number, as the broker writes it). It only moves forward
+(compare-and-put), and it is never written ahead of the sink. Spark 4.2 calls a Python
+stream's `commit(end)` only when it plans the next batch, and never for the last batch of a
+run, so three paths commit it, all through `CursorWriter`:
+
+* `DanubeCursorCommitter`, a `StreamingQueryListener` that `connectors.register(spark)`
+  installs on the driver: every progress event carries the batch's end offset (JSON naming the
+  subscription and the etcd endpoints) and is posted after the sink committed the batch;
+* `commit_cursors(options, end_offsets)`, for a `foreachBatch` writer to call right after
+  its own commit (the pipelines do); `end_offsets_of(batch_df)` gives the positions;
+* the stream reader's own `commit(end)`, one batch late, as a fallback.
+
+A subscription is consumed by at most one live query: the stream holds an etcd lease on
+`subscription_lock_key(...)`; a second query is refused with a `MetadataError` saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any, Mapping
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from danube_core.errors import DanubeError, MetadataError
+from danube_core.keys import cursor_key, subscription_key
+from danube_core.metadata import Lease, MetadataStore
+from danube_core.records import SubscriptionRecord, dump_cursor, dump_json, load_json, parse_cursor
+from connectors.offsets import SourceOffset, cursor_values
+from connectors.options import DanubeOptions, parse_etcd, parse_options
+
+logger = logging.getLogger(__name__)
+
+CONSUMER_NAME = "danube-spark"
+EXCLUSIVE = 0  # SubscriptionRecord.subscription_type: one live query per subscription
+LOCK_TTL_S = 10
+LOCK_GRACE_S = 2
+_LOCK_POLL_S = 0.25
+_CAS_ATTEMPTS = 5
+
+
+def subscription_lock_key(root_prefix: str, subscription: str) -> str:
+    """`<root>/connectors/subscriptions/{sub}/lock`: held (leased) by the one live query.
+
+    Not a broker key (the broker knows nothing of it); it belongs with the other key builders
+    in `danube_core.keys`, to be moved there by its owner.
+    """
+    return f"{root_prefix}/connectors/subscriptions/{subscription}/lock"
+
+
+class CursorWriter:
+    """Writes one subscription's cursors, records and lag through a metadata store."""
+
+    def __init__(self, metadata: MetadataStore, subscription: str) -> None:
+        self.metadata = metadata
+        self.subscription = subscription
+        self._registered: set[str] = set()
+
+    def commit(self, end: Mapping[str, int]) -> dict[str, int]:
+        """Move each topic's cursor to `end[t] - 1` unless it is already there or beyond.
+
+        Returns the cursors actually written. End offsets are end-exclusive positions.
+        """
+        written: dict[str, int] = {}
+        for topic, cursor in sorted(cursor_values(end).items()):
+            self.register(topic)
+            if self._advance(topic, cursor):
+                written[topic] = cursor
+        if written:
+            logger.info("subscription %s: committed cursors %s", self.subscription, written)
+        return written
+
+    def _advance(self, topic: str, cursor: int) -> bool:
+        key = cursor_key(topic, self.subscription)
+        for _ in range(_CAS_ATTEMPTS):
+            raw = self.metadata.get(key)
+            if raw is not None and parse_cursor(raw, key) >= cursor:
+                return False
+            if self.metadata.compare_and_put(key, raw, dump_cursor(cursor)):
+                return True
+        raise MetadataError(f"etcd key {key!r}: cursor kept changing while committing {cursor}")
+
+    def register(self, topic: str) -> None:
+        """Create the subscription record `/topics{T}/subscriptions/{sub}` if it is missing."""
+        if topic in self._registered:
+            return
+        record = SubscriptionRecord(None, CONSUMER_NAME, self.subscription, EXCLUSIVE)
+        if self.metadata.put_if_absent(subscription_key(topic, self.subscription), record.to_json()):
+            logger.info("registered subscription %s on %s", self.subscription, topic)
+        self._registered.add(topic)
+
+    def record_lag(self, topic: str, lag: Mapping[str, int]) -> None:
+        """Store `lag` as an extra `lag` field of the subscription record (best effort).
+
+        The broker ignores unknown fields and may overwrite the record when a consumer
+        subscribes; a concurrent change makes this write skip, never clobber.
+        """
+        self.register(topic)
+        key = subscription_key(topic, self.subscription)
+        raw = self.metadata.get(key)
+        if raw is None:
+            return
+        value = load_json(raw, key)
+        if not isinstance(value, dict):
+            return
+        value["lag"] = {**lag, "updated_at": int(time.time())}
+        self.metadata.compare_and_put(key, raw, dump_json(value))
+
+
+class SubscriptionLock:
+    """The etcd lease that makes a query the only live consumer of its subscription."""
+
+    def __init__(self, metadata: MetadataStore, root_prefix: str, subscription: str) -> None:
+        self.key = subscription_lock_key(root_prefix, subscription)
+        self.lost: DanubeError | None = None
+        holder = dump_json({"host": socket.gethostname(), "pid": os.getpid(), "since": int(time.time())})
+        # A query restarted right after a stop may find its predecessor's lock: Spark stops the
+        # old source process asynchronously, and a killed one leaves its lease to expire. So the
+        # lock is awaited for one lease TTL before a second live query is refused.
+        deadline = time.monotonic() + LOCK_TTL_S + LOCK_GRACE_S
+        while (lease := self._try_take(metadata, holder)) is None:
+            if time.monotonic() >= deadline:
+                current = metadata.get(self.key)
+                raise MetadataError(
+                    f"subscription {subscription!r} is already consumed by a live query (etcd key "
+                    f"{self.key!r} held by {current.decode() if current else 'a query that just ended'} "
+                    f"for more than {LOCK_TTL_S + LOCK_GRACE_S}s); stop that query or use another "
+                    "subscription"
+                )
+            time.sleep(_LOCK_POLL_S)
+        self._lease: Lease = lease
+        self._keep_alive = self._lease.keep_alive(on_lost=self._on_lost)
+        logger.info("holding subscription lock %s (lease %x)", self.key, self._lease.id)
+
+    def _try_take(self, metadata: MetadataStore, holder: bytes) -> Lease | None:
+        if metadata.get(self.key) is not None:
+            return None
+        lease = metadata.grant_lease(LOCK_TTL_S)
+        if metadata.put_if_absent(self.key, holder, lease=lease):
+            return lease
+        lease.revoke()
+        return None
+
+    def _on_lost(self, error: DanubeError) -> None:
+        self.lost = error
+
+    def check(self) -> None:
+        """Raise if the lease was lost (another query may now own the subscription)."""
+        if self.lost is not None:
+            raise MetadataError(f"lost the subscription lock {self.key!r}: {self.lost}") from self.lost
+
+    def release(self) -> None:
+        self._keep_alive.stop()
+        try:
+            self._lease.revoke()
+        except DanubeError as exc:
+            logger.warning("could not release subscription lock %s (it expires in %ss): %s", self.key, LOCK_TTL_S, exc)
+
+
+def commit_cursors(
+    options: DanubeOptions | Mapping[str, str],
+    end_offsets: Mapping[str, int] | SourceOffset | str,
+    *,
+    metadata: MetadataStore | None = None,
+) -> dict[str, int]:
+    """Commit the cursors for a batch the caller's sink has durably written.
+
+    `options`: the data source options of the stream (parsed or raw); `end_offsets`:
+    end-exclusive positions per topic partition (e.g. from `end_offsets_of(df)`), or the
+    source's end offset JSON from query progress. Pass `metadata` to reuse an etcd connection.
+    Returns the cursors written.
+    """
+    parsed = options if isinstance(options, DanubeOptions) else parse_options(options)
+    if parsed.subscription is None:
+        raise MetadataError("commit_cursors: the options name no 'subscription' to commit under")
+    positions = _positions(end_offsets)
+    store = metadata or parsed.etcd.connect()
+    try:
+        return CursorWriter(store, parsed.subscription).commit(positions)
+    finally:
+        if metadata is None:
+            store.close()
+
+
+def _positions(end_offsets: Mapping[str, int] | SourceOffset | str) -> Mapping[str, int]:
+    if isinstance(end_offsets, str):
+        return SourceOffset.from_json(end_offsets).positions
+    if isinstance(end_offsets, SourceOffset):
+        return end_offsets.positions
+    return end_offsets
+
+
+def end_offsets_of(batch: Any) -> dict[str, int]:
+    """End-exclusive positions of the rows of a micro-batch DataFrame (max offset + 1).
+
+    Partition topics get their `-part-N` names back from the `topic` and `partition` columns.
+    This runs a Spark job over `batch`: persist the batch first, or it is read twice.
+    """
+    from pyspark.sql import functions as F
+
+    rows = batch.groupBy("topic", "partition").agg(F.max("offset").alias("last")).collect()
+    positions: dict[str, int] = {}
+    for row in rows:
+        name = row["topic"] if row["partition"] is None else f"{row['topic']}-part-{row['partition']}"
+        positions[name] = row["last"] + 1
+    return positions
+
+
+class DanubeCursorCommitter(StreamingQueryListener):
+    """Commits the cursors of every `danube` source of every query, after each batch.
+
+    It reads each source's end offset from the progress event; offsets that are not a danube
+    source's (other sources) are ignored. `etcd_options` supplies credentials/TLS
+    (`etcd.user`, `etcd.password`, `etcd.caCert`, ...) for the endpoints named in the offsets,
+    which never carry secrets. Failures are logged, never raised: a listener cannot fail a query.
+    """
+
+    def __init__(self, etcd_options: Mapping[str, str] | None = None) -> None:
+        self.etcd_options = dict(etcd_options or {})
+        self._writers: dict[tuple[str, str], CursorWriter] = {}
+
+    def __getstate__(self) -> dict:
+        # Spark Connect pickles listeners to the server: open connections stay behind.
+        return {"etcd_options": self.etcd_options, "_writers": {}}
+
+    def onQueryStarted(self, event: Any) -> None:
+        """Nothing to do until a batch has been written."""
+
+    def onQueryIdle(self, event: Any) -> None:
+        """No new batch, no new cursor."""
+
+    def onQueryTerminated(self, event: Any) -> None:
+        """Cursors were committed with each progress event."""
+
+    def onQueryProgress(self, event: Any) -> None:
+        for source in event.progress.sources:
+            try:
+                offset = SourceOffset.from_json(source.endOffset) if source.endOffset else None
+            except ValueError:
+                continue  # not a danube source
+            if offset is None or offset.subscription is None or offset.endpoints is None:
+                continue
+            try:
+                self._writer(offset.endpoints, offset.subscription).commit(offset.positions)
+            except (DanubeError, ValueError) as exc:
+                logger.warning("could not commit cursors of subscription %s after batch %s: %s",
+                               offset.subscription, event.progress.batchId, exc)
+
+    def _writer(self, endpoints: str, subscription: str) -> CursorWriter:
+        key = (endpoints, subscription)
+        if key not in self._writers:
+            settings = parse_etcd({**self.etcd_options, "etcd.endpoints": endpoints})
+            self._writers[key] = CursorWriter(settings.connect(), subscription)
+        return self._writers[key]

@@ -1,0 +1,462 @@
+"""The `danube` data source options: one constant per key, parsed once into `DanubeOptions`.
+
+Spark hands a Python data source its options with lower-cased keys, so every key below is
+matched case-insensitively. Parsing happens once, on the driver, when the data source is
+created (`spark.read/readStream ... .load()`): a malformed value raises `ConfigError` (a
+`ValueError`) naming the option, the value and what is accepted, before any query runs.
+Checks that depend on the kind of read (a stream needs `subscription`, only a batch accepts
+`endingOffsets`) are made by `require_batch` / `require_stream` when Spark asks for the reader.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+from connectors.catalog import WAL_AUTO, WAL_NONE
+from danube_core.errors import ConfigError, InvalidTopicNameError
+from danube_core.keys import DEFAULT_ROOT_PREFIX
+from danube_core.topics import TopicName
+
+if TYPE_CHECKING:
+    from danube_core.metadata import MetadataStore
+
+# ---- where ------------------------------------------------------------------------------------
+ETCD_ENDPOINTS = "etcd.endpoints"
+ETCD_USER = "etcd.user"
+ETCD_PASSWORD = "etcd.password"
+ETCD_CA_CERT = "etcd.caCert"
+ETCD_CERT_KEY = "etcd.certKey"
+ETCD_CERT_CERT = "etcd.certCert"
+ETCD_TIMEOUT_MS = "etcd.timeoutMs"
+ROOT_PREFIX = "rootPrefix"
+STORAGE_URL = "storage.url"
+STORAGE_OPTIONS = "storage.options"
+STORAGE_PREFIX = "storage."
+WAL_ROOT = "walRoot"
+# ---- what -------------------------------------------------------------------------------------
+TOPIC = "topic"
+TOPIC_PATTERN = "topicPattern"
+NAMESPACE = "namespace"
+# ---- from / to --------------------------------------------------------------------------------
+STARTING_OFFSETS = "startingOffsets"
+STARTING_TIMESTAMP = "startingTimestamp"
+ENDING_OFFSETS = "endingOffsets"
+ENDING_TIMESTAMP = "endingTimestamp"
+# ---- how much ---------------------------------------------------------------------------------
+MAX_MESSAGES_PER_TRIGGER = "maxMessagesPerTrigger"
+MAX_BYTES_PER_TRIGGER = "maxBytesPerTrigger"
+MIN_MESSAGES_PER_TRIGGER = "minMessagesPerTrigger"
+MAX_TRIGGER_DELAY = "maxTriggerDelay"
+MAX_PARTITION_BYTES = "maxPartitionBytes"
+# ---- cursors and behaviour --------------------------------------------------------------------
+SUBSCRIPTION = "subscription"
+FAIL_ON_DATA_LOSS = "failOnDataLoss"
+INCLUDE_SOURCE = "includeSource"
+
+KNOWN_OPTIONS = (
+    ETCD_ENDPOINTS, ETCD_USER, ETCD_PASSWORD, ETCD_CA_CERT, ETCD_CERT_KEY, ETCD_CERT_CERT,
+    ETCD_TIMEOUT_MS, ROOT_PREFIX, STORAGE_URL, STORAGE_OPTIONS, WAL_ROOT, TOPIC, TOPIC_PATTERN,
+    NAMESPACE, STARTING_OFFSETS, STARTING_TIMESTAMP, ENDING_OFFSETS, ENDING_TIMESTAMP,
+    MAX_MESSAGES_PER_TRIGGER, MAX_BYTES_PER_TRIGGER, MIN_MESSAGES_PER_TRIGGER, MAX_TRIGGER_DELAY,
+    MAX_PARTITION_BYTES, SUBSCRIPTION, FAIL_ON_DATA_LOSS, INCLUDE_SOURCE,
+)
+_BY_LOWER = {key.lower(): key for key in KNOWN_OPTIONS}
+
+DEFAULT_ETCD_TIMEOUT_MS = 5000
+DEFAULT_MAX_PARTITION_BYTES = 128 * 1024 * 1024
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+
+# Special per-topic values inside startingOffsets/endingOffsets JSON, as in Spark's Kafka source.
+EARLIEST = -2
+LATEST = -1
+
+_SIZE = re.compile(r"^(\d+)\s*(?:([kmgt])(?:i?b)?|b)?$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_DURATION = re.compile(r"^(\d+)\s*(ms|s|m|min|h|d)?$", re.IGNORECASE)
+_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+_SIZE_FORM = "a number of bytes, optionally with a binary unit k/m/g/t (e.g. 134217728, 128m, 1GiB)"
+_DURATION_FORM = "a duration: a number of milliseconds or a number with unit ms/s/m/h/d (e.g. 500ms, 15m)"
+
+
+def _invalid(key: str, value: Any, accepted: str) -> ConfigError:
+    return ConfigError(f"invalid value {value!r} for option {key!r}: expected {accepted}")
+
+
+@dataclass(frozen=True)
+class EtcdSettings:
+    """How to reach the etcd that holds Danube's metadata (password kept out of repr)."""
+
+    endpoints: str
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_cert: str | None = None
+    cert_key: str | None = None
+    cert_cert: str | None = None
+    timeout_ms: int = DEFAULT_ETCD_TIMEOUT_MS
+
+    def connect(self) -> "MetadataStore":
+        """An etcd metadata store; MetadataUnavailableError naming the endpoints if unreachable."""
+        from danube_core.metadata import EtcdMetadataStore
+
+        return EtcdMetadataStore(
+            self.endpoints, user=self.user, password=self.password, ca_cert=self.ca_cert,
+            cert_key=self.cert_key, cert_cert=self.cert_cert, timeout_s=self.timeout_ms / 1000,
+        )
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a read starts or ends.
+
+    `kind`: earliest | latest | cursor | offsets | timestamp (ends: latest | offsets |
+    timestamp). `offsets` maps broker topic names (a partitioned topic's base name covers its
+    partitions) to an offset, EARLIEST or LATEST: the first to read for a start, end-exclusive
+    for an end.
+    """
+
+    kind: str
+    offsets: Mapping[str, int] | None = None
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class DanubeOptions:
+    """Every option of one `danube` read, validated. Picklable, so executors get it too."""
+
+    etcd: EtcdSettings
+    storage_url: str
+    storage_options: Mapping[str, Any] = field(repr=False)
+    root_prefix: str = DEFAULT_ROOT_PREFIX
+    wal_root: str = WAL_AUTO  # WAL_AUTO, WAL_NONE (sealed objects only) or a URL / template
+    topics: tuple[str, ...] | None = None
+    topic_pattern: str | None = None
+    namespace: str | None = None
+    starting: Position | None = None  # None: latest for streams, earliest for batches
+    ending: Position | None = None
+    max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+    subscription: str | None = None
+    fail_on_data_loss: bool = True
+    include_source: bool = False
+
+    def starting_for(self, streaming: bool) -> Position:
+        """The starting position, defaulting as Spark's Kafka source does."""
+        if self.starting is not None:
+            return self.starting
+        return Position("latest" if streaming else "earliest")
+
+    def require_stream(self) -> None:
+        """Checks only a streaming read needs; ConfigError naming the option."""
+        if self.subscription is None:
+            raise ConfigError(
+                f"option {SUBSCRIPTION!r} is required for a streaming read: it names the Danube "
+                "subscription whose cursor the query commits to etcd"
+            )
+        if self.ending is not None:
+            raise ConfigError(
+                f"options {ENDING_OFFSETS!r} and {ENDING_TIMESTAMP!r} are only valid for batch reads"
+            )
+
+    def require_batch(self) -> None:
+        """Checks only a batch read needs; ConfigError naming the option."""
+        stream_only = {
+            MAX_MESSAGES_PER_TRIGGER: self.max_messages_per_trigger,
+            MAX_BYTES_PER_TRIGGER: self.max_bytes_per_trigger,
+            MIN_MESSAGES_PER_TRIGGER: self.min_messages_per_trigger,
+        }
+        for key, value in stream_only.items():
+            if value is not None:
+                raise ConfigError(f"option {key!r} is only valid for streaming reads")
+        if self.starting is not None and self.starting.kind == "cursor" and self.subscription is None:
+            raise ConfigError(f"option {STARTING_OFFSETS!r}='cursor' needs option {SUBSCRIPTION!r}")
+
+
+def parse_options(raw: Mapping[str, str]) -> DanubeOptions:
+    """Validate every option of one read (keys matched case-insensitively)."""
+    opts = _normalise(raw)
+    options = DanubeOptions(
+        etcd=_etcd(opts),
+        storage_url=_required(opts, STORAGE_URL),
+        storage_options=_storage_options(opts),
+        root_prefix=_root_prefix(opts),
+        wal_root=_wal_root(opts),
+        topics=_topics(opts),
+        topic_pattern=_topic_pattern(opts),
+        namespace=_namespace(opts),
+        starting=_starting(opts),
+        ending=_ending(opts),
+        max_messages_per_trigger=_int(opts, MAX_MESSAGES_PER_TRIGGER, minimum=1),
+        max_bytes_per_trigger=_size(opts, MAX_BYTES_PER_TRIGGER),
+        min_messages_per_trigger=_int(opts, MIN_MESSAGES_PER_TRIGGER, minimum=1),
+        max_trigger_delay_ms=_duration_ms(opts, MAX_TRIGGER_DELAY, DEFAULT_MAX_TRIGGER_DELAY_MS),
+        max_partition_bytes=_size(opts, MAX_PARTITION_BYTES) or DEFAULT_MAX_PARTITION_BYTES,
+        subscription=_subscription(opts),
+        fail_on_data_loss=_boolean(opts, FAIL_ON_DATA_LOSS, True),
+        include_source=_boolean(opts, INCLUDE_SOURCE, False),
+    )
+    _check_combinations(opts)
+    return options
+
+
+def _normalise(raw: Mapping[str, str]) -> dict[str, str]:
+    """Lower-cased keys; unknown keys (a typo would silently do nothing) are refused."""
+    opts: dict[str, str] = {}
+    for key, value in raw.items():
+        lower = key.lower()
+        if lower not in _BY_LOWER and not lower.startswith(STORAGE_PREFIX):
+            raise ConfigError(
+                f"unknown option {key!r} for the danube data source; accepted: "
+                f"{', '.join(KNOWN_OPTIONS)} and {STORAGE_PREFIX}<fsspec storage option>"
+            )
+        opts[lower] = str(value)
+    return opts
+
+
+def _get(opts: Mapping[str, str], key: str) -> str | None:
+    value = opts.get(key.lower())
+    return None if value is None else value.strip()
+
+
+def _required(opts: Mapping[str, str], key: str) -> str:
+    value = _get(opts, key)
+    if not value:
+        raise ConfigError(f"option {key!r} is required")
+    return value
+
+
+def parse_etcd(raw: Mapping[str, str]) -> EtcdSettings:
+    """Only the `etcd.*` options (keys case-insensitive), e.g. for a cursor-committing listener."""
+    return _etcd({key.lower(): str(value) for key, value in raw.items()})
+
+
+def _etcd(opts: Mapping[str, str]) -> EtcdSettings:
+    endpoints = _required(opts, ETCD_ENDPOINTS)
+    parts = [p.strip() for p in endpoints.split(",")]
+    if any(not p or " " in p for p in parts):
+        raise _invalid(ETCD_ENDPOINTS, endpoints, "host:port, http(s)://host:port, comma-separated")
+    settings = EtcdSettings(
+        endpoints=",".join(parts),
+        user=_get(opts, ETCD_USER) or None,
+        password=opts.get(ETCD_PASSWORD.lower()) or None,
+        ca_cert=_get(opts, ETCD_CA_CERT) or None,
+        cert_key=_get(opts, ETCD_CERT_KEY) or None,
+        cert_cert=_get(opts, ETCD_CERT_CERT) or None,
+        timeout_ms=_int(opts, ETCD_TIMEOUT_MS, minimum=1) or DEFAULT_ETCD_TIMEOUT_MS,
+    )
+    if (settings.user is None) != (settings.password is None):
+        raise ConfigError(f"options {ETCD_USER!r} and {ETCD_PASSWORD!r} must be given together")
+    if (settings.cert_key is None) != (settings.cert_cert is None):
+        raise ConfigError(f"options {ETCD_CERT_KEY!r} and {ETCD_CERT_CERT!r} must be given together")
+    return settings
+
+
+def _storage_options(opts: Mapping[str, str]) -> dict[str, Any]:
+    """`storage.options` (a JSON object) overlaid by dotted `storage.<a>.<b>` keys.
+
+    Dotted keys become nested dicts (`storage.client_kwargs.endpoint_url`); their values are
+    strings, except `true`/`false` which become booleans. Spark lower-cases option keys, so
+    storage options whose names need capitals, or values of other types, go in the JSON.
+    """
+    result: dict[str, Any] = {}
+    text = _get(opts, STORAGE_OPTIONS)
+    if text:
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise _invalid(STORAGE_OPTIONS, text, "a JSON object of fsspec storage options") from exc
+        if not isinstance(value, dict):
+            raise _invalid(STORAGE_OPTIONS, text, "a JSON object of fsspec storage options")
+        result.update(value)
+    for key in sorted(opts):
+        if not key.startswith(STORAGE_PREFIX) or key in (STORAGE_URL.lower(), STORAGE_OPTIONS.lower()):
+            continue
+        path = key[len(STORAGE_PREFIX):].split(".")
+        if any(not part for part in path):
+            raise ConfigError(f"option {key!r}: empty name part in a storage option key")
+        _set_nested(result, key, path, _storage_value(opts[key]))
+    return result
+
+
+def _set_nested(target: dict[str, Any], key: str, path: list[str], value: Any) -> None:
+    node = target
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"option {key!r}: {part!r} is already set to a non-object value")
+        node = child
+    node[path[-1]] = value
+
+
+def _storage_value(text: str) -> Any:
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    return text
+
+
+def _root_prefix(opts: Mapping[str, str]) -> str:
+    # Used exactly as configured (spec §5.2: the broker pastes it in without normalising).
+    value = opts.get(ROOT_PREFIX.lower())
+    if value is None:
+        return DEFAULT_ROOT_PREFIX
+    if not value.startswith("/") or any(ch.isspace() for ch in value):
+        raise _invalid(ROOT_PREFIX, value, "an etcd key prefix starting with '/' (e.g. /danube-data)")
+    return value
+
+
+def _wal_root(opts: Mapping[str, str]) -> str:
+    value = _get(opts, WAL_ROOT)
+    if value is None or value.lower() in (WAL_AUTO, WAL_NONE):
+        return WAL_AUTO if value is None else value.lower()
+    if not value:
+        raise _invalid(WAL_ROOT, value, "'auto', 'none' or an fsspec URL / path of the WAL root")
+    return value
+
+
+def _topics(opts: Mapping[str, str]) -> tuple[str, ...] | None:
+    value = _get(opts, TOPIC)
+    if value is None:
+        return None
+    names: list[str] = []
+    for part in value.split(","):
+        name = part.strip()
+        try:
+            topic = TopicName.parse(name).broker_name
+        except InvalidTopicNameError as exc:
+            raise _invalid(TOPIC, value, f"one or more comma-separated topic names ({exc})") from exc
+        if topic not in names:
+            names.append(topic)
+    return tuple(names)
+
+
+def _topic_pattern(opts: Mapping[str, str]) -> str | None:
+    value = _get(opts, TOPIC_PATTERN)
+    if value is None:
+        return None
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise _invalid(TOPIC_PATTERN, value, f"a Python regular expression ({exc})") from exc
+    return value
+
+
+def _namespace(opts: Mapping[str, str]) -> str | None:
+    value = _get(opts, NAMESPACE)
+    if value is None:
+        return None
+    try:
+        # The namespace rule is the topic-name part rule; probe it through TopicName.
+        TopicName(value, "probe")
+    except InvalidTopicNameError as exc:
+        raise _invalid(NAMESPACE, value, "a namespace name (letters, digits, '_' and '-')") from exc
+    return value
+
+
+def _starting(opts: Mapping[str, str]) -> Position | None:
+    accepted = "'earliest', 'latest', 'cursor' or a JSON object {topic: offset} (-2 earliest, -1 latest)"
+    return _position(opts, STARTING_OFFSETS, STARTING_TIMESTAMP, ("earliest", "latest", "cursor"), accepted, EARLIEST)
+
+
+def _ending(opts: Mapping[str, str]) -> Position | None:
+    accepted = "'latest' or a JSON object {topic: end-exclusive offset} (-1 latest)"
+    return _position(opts, ENDING_OFFSETS, ENDING_TIMESTAMP, ("latest",), accepted, LATEST)
+
+
+def _position(
+    opts: Mapping[str, str], offsets_key: str, timestamp_key: str, words: tuple[str, ...], accepted: str, lowest: int
+) -> Position | None:
+    text = _get(opts, offsets_key)
+    timestamp = _int(opts, timestamp_key, minimum=0)
+    if text is not None and timestamp is not None:
+        raise ConfigError(f"options {offsets_key!r} and {timestamp_key!r} exclude each other")
+    if timestamp is not None:
+        return Position("timestamp", timestamp_ms=timestamp)
+    if text is None:
+        return None
+    if text.lower() in words:
+        return Position(text.lower())
+    return Position("offsets", offsets=_offsets_json(offsets_key, text, accepted, lowest))
+
+
+def _offsets_json(key: str, text: str, accepted: str, lowest: int) -> dict[str, int]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _invalid(key, text, accepted) from exc
+    if not isinstance(value, dict) or not value:
+        raise _invalid(key, text, accepted)
+    offsets: dict[str, int] = {}
+    for name, offset in value.items():
+        try:
+            topic = TopicName.parse(name).broker_name
+        except InvalidTopicNameError as exc:
+            raise _invalid(key, text, f"{accepted}; {exc}") from exc
+        if type(offset) is not int or not lowest <= offset < 2**64:
+            raise _invalid(key, text, f"{accepted}; topic {name!r} has offset {offset!r}")
+        offsets[topic] = offset
+    return offsets
+
+
+def _subscription(opts: Mapping[str, str]) -> str | None:
+    value = _get(opts, SUBSCRIPTION)
+    if value is None:
+        return None
+    if not value or "/" in value or any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise _invalid(SUBSCRIPTION, value, "a subscription name without '/' or whitespace")
+    return value
+
+
+def _boolean(opts: Mapping[str, str], key: str, default: bool) -> bool:
+    value = _get(opts, key)
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false"):
+        raise _invalid(key, value, "true or false")
+    return value.lower() == "true"
+
+
+def _int(opts: Mapping[str, str], key: str, *, minimum: int) -> int | None:
+    value = _get(opts, key)
+    if value is None:
+        return None
+    if not value.isascii() or not value.isdigit() or int(value) < minimum:
+        raise _invalid(key, value, f"an integer >= {minimum}")
+    return int(value)
+
+
+def _size(opts: Mapping[str, str], key: str) -> int | None:
+    value = _get(opts, key)
+    if value is None:
+        return None
+    match = _SIZE.match(value)
+    if match is None or int(match.group(1)) == 0:
+        raise _invalid(key, value, _SIZE_FORM + ", > 0")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+
+
+def _duration_ms(opts: Mapping[str, str], key: str, default: int) -> int:
+    value = _get(opts, key)
+    if value is None:
+        return default
+    match = _DURATION.match(value)
+    if match is None:
+        raise _invalid(key, value, _DURATION_FORM)
+    unit = match.group(2).lower() if match.group(2) else None
+    return int(match.group(1)) * _DURATION_MS[unit]
+
+
+def _check_combinations(opts: Mapping[str, str]) -> None:
+    chosen = [key for key in (TOPIC, TOPIC_PATTERN, NAMESPACE) if key.lower() in opts]
+    if len(chosen) != 1:
+        raise ConfigError(
+            f"exactly one of the options {TOPIC!r}, {TOPIC_PATTERN!r}, {NAMESPACE!r} must be set "
+            f"(got {', '.join(repr(k) for k in chosen) or 'none'})"
+        )
+    if MAX_TRIGGER_DELAY.lower() in opts and MIN_MESSAGES_PER_TRIGGER.lower() not in opts:
+        raise ConfigError(f"option {MAX_TRIGGER_DELAY!r} needs option {MIN_MESSAGES_PER_TRIGGER!r}")

@@ -1,0 +1,290 @@
+"""Streaming reads: the stream owns the offset lifecycle (as Kafka's `KafkaMicroBatchStream`).
+
+Spark runs this reader's driver-side methods in one long-lived Python process per query
+(`initialOffset`, `latestOffset`, `partitions`, `commit`, ...) and pickles it for `read()` on
+executors. The driver state (etcd connection, catalog, subscription lock) is therefore
+opened lazily on the first driver-side call and never pickled.
+
+Offsets are `SourceOffset` JSON: end-exclusive positions per topic partition plus the
+subscription and etcd endpoints, so the cursor-committing listener can act on a progress
+event alone. Each `latestOffset(start, limit)`:
+
+1. re-resolves the topics: topics and partitions created since the last batch join at their
+   earliest offset;
+2. reads the latest offsets, bounded by the Trigger.AvailableNow target if there is one;
+3. measures and reports the lag (query progress `latestOffset`, INFO log, subscription record);
+4. admits a batch: everything for `ReadAllAvailable`; otherwise the option limits together
+   (pyspark has no composite read limit, so any other limit means "the configured ones"):
+   `maxMessagesPerTrigger`, `maxBytesPerTrigger` (exact byte caps by the planner), and
+   `minMessagesPerTrigger` which defers a batch until enough messages or `maxTriggerDelay`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Iterator, Mapping
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from connectors.batch import open_catalog, plan_partitions, read_partition, topics_of
+from connectors.offsets import SourceOffset, cap_at, message_counts, resolve_start, with_new_topics
+from connectors.options import DanubeOptions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from connectors.snapshot import TopicSnapshot
+
+logger = logging.getLogger(__name__)
+
+Lag = dict[str, dict[str, int]]
+LAG_RECORD_INTERVAL_S = 10.0  # how often the lag goes into the subscription records in etcd
+
+
+class _DriverState:
+    """What the long-lived driver-side process holds for one query."""
+
+    def __init__(self, options: DanubeOptions) -> None:
+        from connectors.cursor_commit import CursorWriter, SubscriptionLock
+
+        assert options.subscription is not None  # require_stream() checked it
+        self.catalog, self.metadata = open_catalog(options)
+        try:
+            self.lock = SubscriptionLock(self.metadata, options.root_prefix, options.subscription)
+        except BaseException:
+            self.metadata.close()
+            raise
+        self.writer = CursorWriter(self.metadata, options.subscription)
+        self.target: dict[str, int] | None = None  # Trigger.AvailableNow: read up to here
+        self.last_batch_ms = time.monotonic() * 1000
+        self.reported: dict | None = None
+        self.lag_recorded_at = float("-inf")
+
+    def close(self) -> None:
+        try:
+            self.lock.release()
+        finally:
+            self.metadata.close()
+
+
+class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """`spark.readStream.format("danube")`; see `connectors.source.DanubeDataSource`."""
+
+    def __init__(self, options: DanubeOptions) -> None:
+        options.require_stream()
+        self.options = options
+        self._state: _DriverState | None = None
+
+    def __getstate__(self) -> dict:
+        return {"options": self.options, "_state": None}
+
+    # ---- driver side ----------------------------------------------------------------------
+
+    def _driver(self) -> _DriverState:
+        if self._state is None:
+            self._state = _DriverState(self.options)
+            _release_on_sigterm(self)
+        self._state.lock.check()
+        return self._state
+
+    def _offset(self, positions: Mapping[str, int]) -> dict:
+        return SourceOffset(dict(positions), self.options.subscription, self.options.etcd.endpoints).to_json_dict()
+
+    def initialOffset(self) -> dict:
+        state = self._driver()
+        topics = topics_of(state.catalog, self.options)
+        start = resolve_start(self.options.starting_for(streaming=True), topics, state.catalog, self.options.subscription)
+        for topic in topics:
+            state.writer.register(topic)
+        logger.info("subscription %s starts at %s", self.options.subscription, start)
+        return self._offset(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        o = self.options
+        if o.max_messages_per_trigger is not None:
+            return ReadMaxRows(o.max_messages_per_trigger)
+        if o.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(o.max_bytes_per_trigger)
+        if o.min_messages_per_trigger is not None:
+            return ReadMinRows(o.min_messages_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        state = self._driver()
+        topics = topics_of(state.catalog, self.options)
+        state.target = state.catalog.latest_offsets(topics)
+        logger.info("Trigger.AvailableNow: subscription %s reads up to %s", self.options.subscription, state.target)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        state = self._driver()
+        topics = topics_of(state.catalog, self.options)
+        begin = with_new_topics(SourceOffset.from_json_dict(start).positions, topics, state.catalog)
+        latest = {**begin, **state.catalog.latest_offsets(topics)}
+        if state.target is not None:
+            latest = {**begin, **cap_at(latest, state.target)}
+        snapshots = state.catalog.snapshots({t: max(0, min(begin[t], e) - 1) for t, e in latest.items()}, latest)
+        self._report_lag(state, begin, latest, snapshots)
+        end = self._admit(state, begin, latest, limit, snapshots)
+        return self._offset(end)
+
+    def _admit(
+        self, state: _DriverState, begin: dict[str, int], latest: dict[str, int], limit: ReadLimit,
+        snapshots: dict[str, "TopicSnapshot"],
+    ) -> dict[str, int]:
+        from connectors.planner import cap_end_offsets
+
+        if isinstance(limit, ReadAllAvailable):
+            return latest
+        o = self.options
+        now_ms = time.monotonic() * 1000
+        if o.min_messages_per_trigger is not None and state.target is None:
+            available = sum(message_counts(begin, latest).values())
+            waited = now_ms - state.last_batch_ms
+            if available < o.min_messages_per_trigger and waited < o.max_trigger_delay_ms:
+                logger.debug("deferring batch: %d < minMessagesPerTrigger=%d after %.0f ms",
+                             available, o.min_messages_per_trigger, waited)
+                return begin
+        max_messages = limit.max_rows if isinstance(limit, ReadMaxRows) else o.max_messages_per_trigger
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else o.max_bytes_per_trigger
+        end = cap_end_offsets(begin, latest, snapshots, max_messages=max_messages, max_bytes=max_bytes,
+                              frame_index=state.catalog.read_frame_index)
+        if end != begin:
+            state.last_batch_ms = now_ms
+        return end
+
+    def _report_lag(
+        self, state: _DriverState, begin: dict[str, int], latest: dict[str, int], snapshots: dict[str, "TopicSnapshot"]
+    ) -> None:
+        lag = measure_lag(begin, latest, snapshots)
+        state.reported = SourceOffset(latest, lag=lag).to_json_dict()
+        behind = {t: v for t, v in lag.items() if v["messages"]}
+        logger.info("subscription %s lag: %s", self.options.subscription, behind or "none")
+        now = time.monotonic()
+        if now - state.lag_recorded_at >= LAG_RECORD_INTERVAL_S:  # etcd writes, so not every batch
+            for topic, value in lag.items():
+                state.writer.record_lag(topic, value)
+            state.lag_recorded_at = now
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._state.reported if self._state is not None else None
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        state = self._driver()
+        stop = SourceOffset.from_json_dict(end).positions
+        begin = with_new_topics(SourceOffset.from_json_dict(start).positions, stop, state.catalog)
+        return list(plan_partitions(state.catalog, self.options, begin, stop))
+
+    def commit(self, end: dict) -> None:
+        self._driver().writer.commit(SourceOffset.from_json_dict(end).positions)
+
+    def stop(self) -> None:
+        if self._state is not None:
+            state, self._state = self._state, None
+            state.close()
+
+    # ---- executor side --------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
+        return read_partition(partition, self.options.include_source)
+
+
+def _release_on_sigterm(reader: DanubeStreamReader) -> None:
+    """Release the subscription lock when Spark stops the source's Python process.
+
+    Spark ends that process with SIGTERM when the query stops, without calling `stop()`;
+    without this the lock would only go away when its lease expires.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        reader.stop()
+        signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+# ---- lag ------------------------------------------------------------------------------------
+
+
+def measure_lag(begin: Mapping[str, int], latest: Mapping[str, int], snapshots: Mapping[str, "TopicSnapshot"]) -> Lag:
+    """Per topic: messages, bytes and milliseconds the subscription is behind.
+
+    `bytes` is what the planner would read for the backlog (from descriptor sizes, index
+    entries and WAL frame positions); `ms` is the newest message's publish_time minus that of
+    the last message read (or of the first unread one when nothing was read yet). Either is
+    left out when a range cannot be planned (data loss is reported when it is read).
+    """
+    lag: Lag = {}
+    for topic, end in sorted(latest.items()):
+        start = begin[topic]
+        entry = {"messages": max(0, end - start), "bytes": 0, "ms": 0}
+        if end > start:
+            snap = snapshots[topic]
+            _put(entry, "bytes", _backlog_bytes(snap, start, end))
+            newest = _publish_time(snap, end - 1)
+            read = _publish_time(snap, start - 1) if start > 0 else None
+            read = read if read is not None else _publish_time(snap, start)
+            _put(entry, "ms", None if newest is None or read is None else max(0, newest - read))
+        lag[topic] = entry
+    return lag
+
+
+def _put(entry: dict[str, int], key: str, value: int | None) -> None:
+    if value is None:
+        del entry[key]
+    else:
+        entry[key] = value
+
+
+def _plan(snap: "TopicSnapshot", start: int, end: int) -> list | None:
+    from connectors.planner import plan_tasks
+    from danube_core.errors import DataLossError
+
+    try:
+        plan = plan_tasks({snap.topic: snap}, {snap.topic: start}, {snap.topic: end},
+                          max_partition_bytes=_UNSPLIT, fail_on_data_loss=True)
+    except DataLossError:
+        return None
+    return plan.tasks
+
+
+def _backlog_bytes(snap: "TopicSnapshot", start: int, end: int) -> int | None:
+    tasks = _plan(snap, start, end)
+    if tasks is None:
+        return None
+    sizes = {obj.url: obj.size for obj in snap.objects}
+    return sum((t.byte_end if t.byte_end is not None else sizes.get(t.url, t.byte_start)) - t.byte_start for t in tasks)
+
+
+def _publish_time(snap: "TopicSnapshot", offset: int) -> int | None:
+    from connectors.task_reader import read_task
+    from danube_core.errors import DanubeError
+
+    tasks = _plan(snap, offset, offset + 1)
+    if not tasks:
+        return None
+    try:
+        for batch in read_task(tasks[0], ["offset", "publish_time"]):
+            if batch.num_rows:
+                return int(batch.column("publish_time")[0].as_py())
+    except DanubeError as exc:
+        logger.debug("no publish_time for %s offset %d: %s", snap.topic, offset, exc)
+    return None
+
+
+_UNSPLIT = 1 << 62  # one task per object / WAL run: only the byte total matters here
