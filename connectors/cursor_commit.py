@@ -14,7 +14,7 @@ run, so three paths commit it, all through `CursorWriter`:
 * the stream reader's own `commit(end)`, one batch late, as a fallback.
 
 A subscription is consumed by at most one live query: the stream holds an etcd lease on
-`subscription_lock_key(...)`; a second query is refused with a `MetadataError` saying so.
+`danube_core.keys.subscription_lock_key`; a second query is refused with a `MetadataError` saying so.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from pyspark.sql.streaming import StreamingQueryListener
 
 from danube_core.errors import DanubeError, MetadataError
-from danube_core.keys import cursor_key, subscription_key
+from danube_core.keys import cursor_key, subscription_key, subscription_lock_key
 from danube_core.metadata import Lease, MetadataStore
 from danube_core.records import SubscriptionRecord, dump_cursor, dump_json, load_json, parse_cursor
 from connectors.offsets import SourceOffset, cursor_values
@@ -42,15 +42,6 @@ LOCK_TTL_S = 10
 LOCK_GRACE_S = 2
 _LOCK_POLL_S = 0.25
 _CAS_ATTEMPTS = 5
-
-
-def subscription_lock_key(root_prefix: str, subscription: str) -> str:
-    """`<root>/connectors/subscriptions/{sub}/lock`: held (leased) by the one live query.
-
-    Not a broker key (the broker knows nothing of it); it belongs with the other key builders
-    in `danube_core.keys`, to be moved there by its owner.
-    """
-    return f"{root_prefix}/connectors/subscriptions/{subscription}/lock"
 
 
 class CursorWriter:

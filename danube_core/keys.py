@@ -255,3 +255,11 @@ def schema_version_key(subject: str, version: int) -> str:
 
 def schema_compatibility_key(subject: str) -> str:
     return f"{SCHEMAS_PREFIX}{subject}/compatibility"
+
+
+# ---- connector keys (ours; the broker knows nothing of them) --------------------------------
+
+def subscription_lock_key(root_prefix: str, subscription: str) -> str:
+    """`<root>/connectors/subscriptions/{sub}/lock`: leased by the one live query that commits
+    cursors under `sub`, so a second query on the same subscription is refused."""
+    return f"{root_prefix}/connectors/subscriptions/{subscription}/lock"
