@@ -1,0 +1,232 @@
+"""Payload bytes -> columns, per micro-batch: raw, JSON (registry or inline JSON Schema), Avro.
+
+`prepare` turns the `danube` source's rows into the pipeline's metadata columns (`_topic` is a
+partition's own broker name, so `(_topic, _offset)` identifies a message). `Decoder.decode`
+then adds the payload's columns. With a registry subject, each message is decoded with the
+schema version it names (`schema_id`/`schema_version`, when the id is the subject's), else
+with `decode.version`, else the subject's latest version, read once per batch: a version
+registered while the query runs is used from the next batch on, and Delta's schema merge adds
+its new columns. Rows of different versions are decoded separately and unioned by name.
+Replays stay deterministic for messages that name their version; a message that names none is
+decoded with the latest version at the time, so pin `decode.version` if versions may be
+registered while such messages are in flight.
+
+Nothing is dropped: a payload that does not match its schema gets a reason in `_decode_error`
+(and goes to quarantine), or, with `on_error: rescue`, stays with its text in `_rescued_data`.
+JSON fields the schema does not know also go to `_rescued_data` (a JSON object of their text).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import MapType, StringType, StructField, StructType
+
+from danube_core.errors import ConfigError, DanubeError
+from danube_core.schema_records import SchemaVersion
+from pipelines.config import DecodeConfig
+from pipelines.json_schema import JsonPayloadSchema, parse_json_schema
+from pipelines.schema_registry import SubjectSchemas
+
+logger = logging.getLogger(__name__)
+
+META_COLUMNS = (
+    "_topic", "_partition", "_offset", "_publish_time", "_producer_name",
+    "_schema_id", "_schema_version", "_source", "_attributes",
+)
+PAYLOAD = "payload"
+DECODE_ERROR = "_decode_error"
+RESCUED = "_rescued_data"
+_CORRUPT = "_corrupt_record"
+_VERSION = "_decode_version"
+
+
+def prepare(batch: DataFrame) -> DataFrame:
+    """The source's columns renamed into the pipeline's metadata columns (+ `payload`)."""
+    partition_topic = F.concat(F.col("topic"), F.lit("-part-"), F.col("partition").cast("string"))
+    source = F.col("source") if "source" in batch.columns else F.lit(None).cast("string")
+    return batch.select(
+        F.when(F.col("partition").isNull(), F.col("topic")).otherwise(partition_topic).alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+        F.col("publish_time").alias("_publish_time"),
+        F.col("producer_name").alias("_producer_name"),
+        F.col("schema_id").cast("long").alias("_schema_id"),
+        F.col("schema_version").alias("_schema_version"),
+        source.alias("_source"),
+        F.col("attributes").alias("_attributes"),
+        F.col("payload").alias(PAYLOAD),
+    )
+
+
+@dataclass(frozen=True)
+class PayloadSchema:
+    """One schema to decode with: `kind` JsonSchema | Avro, its text, and where it came from."""
+
+    kind: str
+    text: str
+    label: str
+
+
+class Decoder:
+    """Adds the payload's columns, `_rescued_data` and `_decode_error` to prepared rows."""
+
+    def __init__(self, config: DecodeConfig, schemas: SubjectSchemas | None = None) -> None:
+        if config.subject is not None and schemas is None:
+            raise ConfigError(f"decode.subject={config.subject!r} needs the schema registry (etcd)")
+        self.config = config
+        self.schemas = schemas
+        self._json_cache: dict[str, JsonPayloadSchema] = {}
+        if config.inline_schema is not None:
+            self._check(self._inline())
+
+    def decode(self, prepared: DataFrame) -> DataFrame:
+        """Decode one batch; the result has every prepared column plus the payload's."""
+        if self.config.format == "raw":
+            return prepared.withColumn(DECODE_ERROR, F.lit(None).cast("string"))
+        if self.schemas is None:
+            return self._decode_with(prepared, self._inline())
+        return self._decode_versions(prepared)
+
+    def _inline(self) -> PayloadSchema:
+        kind = "JsonSchema" if self.config.format == "json" else "Avro"
+        return PayloadSchema(kind, self.config.inline_schema or "", "decode.inline_schema")
+
+    def _decode_versions(self, prepared: DataFrame) -> DataFrame:
+        assert self.schemas is not None
+        meta = self.schemas.subject_metadata()
+        default = self.config.version or meta.latest_version
+        named = (F.col("_schema_id") == F.lit(meta.id)) & F.col("_schema_version").isNotNull()
+        tagged = prepared.withColumn(_VERSION, F.when(named, F.col("_schema_version")).otherwise(F.lit(default)))
+        versions = sorted(row[0] for row in tagged.select(_VERSION).distinct().collect())
+        parts = [self._decode_version(tagged.filter(F.col(_VERSION) == v), v) for v in versions]
+        if not parts:
+            return self._decode_version(tagged, default).drop(_VERSION)
+        return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts).drop(_VERSION)
+
+    def _decode_version(self, rows: DataFrame, version: int) -> DataFrame:
+        assert self.schemas is not None
+        label = f"schema registry subject {self.schemas.subject!r} version {version}"
+        try:
+            found: SchemaVersion = self.schemas.version(version)
+        except DanubeError as exc:
+            logger.warning("%s: cannot load it (%s); its rows go to quarantine", label, exc)
+            return self._failed(rows, f"{label} cannot be loaded: {exc}")
+        wanted = "JsonSchema" if self.config.format == "json" else "Avro"
+        if found.schema_def.kind != wanted:
+            return self._failed(rows, f"{label} is a {found.schema_def.kind} schema, "
+                                      f"decode.format {self.config.format} needs {wanted}")
+        schema = PayloadSchema(wanted, found.schema_def.raw_schema or "", label)
+        self._check(schema)
+        return self._decode_with(rows, schema)
+
+    def _failed(self, rows: DataFrame, reason: str) -> DataFrame:
+        return rows.withColumn(RESCUED, self._rescue_text()).withColumn(DECODE_ERROR, F.lit(reason))
+
+    def _decode_with(self, rows: DataFrame, schema: PayloadSchema) -> DataFrame:
+        if schema.kind == "JsonSchema":
+            return self._decode_json(rows, self._json(schema))
+        return self._decode_avro(rows, schema)
+
+    def _json(self, schema: PayloadSchema) -> JsonPayloadSchema:
+        if schema.text not in self._json_cache:
+            self._json_cache[schema.text] = parse_json_schema(schema.text, schema.label)
+        return self._json_cache[schema.text]
+
+    def _check(self, schema: PayloadSchema) -> None:
+        """Payload fields must not shadow the pipeline's own columns."""
+        names = self._json(schema).field_names if schema.kind == "JsonSchema" else _avro_field_names(schema)
+        clash = sorted(set(names) & set(META_COLUMNS + (PAYLOAD, DECODE_ERROR, RESCUED)))
+        if clash:
+            raise ConfigError(f"{schema.label}: payload fields {clash} clash with the pipeline's own columns")
+
+    def _decode_json(self, rows: DataFrame, schema: JsonPayloadSchema) -> DataFrame:
+        text = F.col(PAYLOAD).cast("string")
+        with_corrupt = StructType(schema.struct.fields + [StructField(_CORRUPT, StringType())])
+        parsed = F.from_json(text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
+        names = list(schema.field_names)
+        extra = F.map_filter(F.from_json(text, MapType(StringType(), StringType())), lambda k, _: ~k.isin(*names))
+        missing = F.concat_ws(", ", *[F.when(F.col("_parsed")[r].isNull(), F.lit(r)) for r in schema.required])
+        error = (
+            F.when(F.col(PAYLOAD).isNull() | (F.length(F.col(PAYLOAD)) == 0), F.lit("empty payload"))
+            .when(F.col("_parsed")[_CORRUPT].isNotNull(), F.lit("payload is not a JSON object matching the schema"))
+            .when(missing != "", F.concat(F.lit("missing required field(s): "), missing))
+        )
+        decoded = (
+            rows.withColumn("_parsed", parsed)
+            .withColumn(DECODE_ERROR, error)
+            .withColumn(RESCUED, F.when(F.size(extra) > 0, F.to_json(extra)))
+        )
+        return self._finish(decoded, [F.col("_parsed")[n].alias(n) for n in names])
+
+    def _decode_avro(self, rows: DataFrame, schema: PayloadSchema) -> DataFrame:
+        """from_avro in PERMISSIVE mode; a failed record comes back as nulls, not as an error.
+
+        Spark returns a struct of nulls for a record it cannot read, so a payload is reported
+        as not matching when the struct is null or a field Avro declares non-nullable is null
+        (a correct read never yields that). A schema whose fields are all nullable cannot tell
+        an unreadable payload from a record of nulls; such rows pass as nulls.
+        """
+        from pyspark.sql.avro.functions import from_avro
+
+        names = _avro_field_names(schema)
+        parsed = from_avro(F.col(PAYLOAD), schema.text, {"mode": "PERMISSIVE"})
+        unreadable = F.col("_parsed").isNull()
+        for name in _avro_required_fields(schema):
+            unreadable = unreadable | F.col("_parsed")[name].isNull()
+        error = F.when(F.col(PAYLOAD).isNull(), F.lit("empty payload")).when(
+            unreadable, F.lit("payload is not Avro data of the schema")
+        )
+        decoded = rows.withColumn("_parsed", parsed).withColumn(DECODE_ERROR, error).withColumn(
+            RESCUED, F.lit(None).cast("string")
+        )
+        columns = [F.col("_parsed")[n].alias(n) for n in names] if names else [F.col("_parsed").alias("value")]
+        return self._finish(decoded, columns)
+
+    def _finish(self, decoded: DataFrame, data_columns: list[Column]) -> DataFrame:
+        """Keep metadata + data; apply `on_error` (rescue keeps the row, quarantine marks it)."""
+        if self.config.on_error == "rescue":
+            failed = F.col(DECODE_ERROR).isNotNull()
+            decoded = decoded.withColumn(RESCUED, F.when(failed, self._rescue_text()).otherwise(F.col(RESCUED)))
+            decoded = decoded.withColumn(DECODE_ERROR, F.lit(None).cast("string"))
+        keep = [F.col(c) for c in prepared_columns(decoded)]
+        return decoded.select(*keep, *data_columns, F.col(RESCUED), F.col(DECODE_ERROR))
+
+    def _rescue_text(self) -> Column:
+        """The payload as text (JSON) or base64 (Avro bytes are not text)."""
+        if self.config.format == "avro":
+            return F.base64(F.col(PAYLOAD))
+        return F.col(PAYLOAD).cast("string")
+
+
+def prepared_columns(df: DataFrame) -> list[str]:
+    """The metadata columns and `payload`, in order (whatever else the frame has)."""
+    return [c for c in (*META_COLUMNS, PAYLOAD) if c in df.columns]
+
+
+def _avro_fields(schema: PayloadSchema) -> list[dict]:
+    """Top-level fields of an Avro record schema (empty for a non-record schema)."""
+    try:
+        parsed = json.loads(schema.text)
+    except ValueError as exc:
+        raise ConfigError(f"{schema.label}: the Avro schema is not valid JSON: {exc}") from exc
+    if isinstance(parsed, dict) and parsed.get("type") == "record":
+        return [f for f in parsed.get("fields", []) if isinstance(f, dict) and "name" in f]
+    return []
+
+
+def _avro_field_names(schema: PayloadSchema) -> tuple[str, ...]:
+    return tuple(f["name"] for f in _avro_fields(schema))
+
+
+def _avro_required_fields(schema: PayloadSchema) -> tuple[str, ...]:
+    """Fields whose type admits no null (not "null", not a union containing "null")."""
+    def nullable(kind: object) -> bool:
+        return kind == "null" or (isinstance(kind, list) and "null" in kind)
+
+    return tuple(f["name"] for f in _avro_fields(schema) if not nullable(f.get("type")))

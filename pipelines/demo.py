@@ -1,0 +1,162 @@
+"""The one-command demo (`./demo.sh`, i.e. `python -m pipelines demo`).
+
+Starts the embedded defaults (etcd + our broker on local storage, `pipelines.embedded`),
+registers the `orders` JSON schema in Danube's schema registry keys, publishes a sample order
+stream with the official `danube-client` (every 10th order is broken in some way), runs
+`conf/pipelines/orders.yaml` once (availableNow) and shows what landed: the Delta table's row
+count and a few rows, the quarantine by reason, and the subscription cursor in etcd. Then it
+stops everything it started. This module is a command: its output is the point, so it
+writes to stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from danube_core.keys import cursor_key
+from danube_core.metadata import EtcdMetadataStore
+from danube_core.records import parse_cursor
+from pipelines.config import load_config
+from pipelines.embedded import REPO_ROOT, EmbeddedStack
+from pipelines.schema_registry import register_schema
+
+logger = logging.getLogger(__name__)
+
+TOPIC = "/default/orders"
+SUBJECT = "orders"
+PIPELINE_FILE = REPO_ROOT / "conf" / "pipelines" / "orders.yaml"
+ORDER_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "Order",
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "string"},
+        "customer": {"type": "string"},
+        "amount": {"type": "number"},
+        "currency": {"type": "string"},
+        "items": {"type": "integer"},
+    },
+    "required": ["order_id", "amount"],
+}
+_BROKEN = (
+    lambda o: b"this is not json",                                   # decode failure
+    lambda o: json.dumps({**o, "amount": -5.0}).encode(),            # amount below 0
+    lambda o: json.dumps({**o, "currency": "XXX"}).encode(),         # currency not in set
+    lambda o: json.dumps({k: v for k, v in o.items() if k != "order_id"}).encode(),  # no id
+)
+
+
+def sample_orders(count: int, seed: int = 7, invalid_every: int = 10) -> list[tuple[bytes, bool]]:
+    """`count` order payloads and whether each is valid; every `invalid_every`-th is broken."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        order = {"order_id": f"o-{i:06d}", "customer": f"c-{rng.randrange(100):03d}",
+                 "amount": round(rng.uniform(1, 500), 2), "currency": rng.choice(["EUR", "USD", "GBP"]),
+                 "items": rng.randrange(1, 6)}
+        if invalid_every and i % invalid_every == invalid_every - 1:
+            out.append((_BROKEN[(i // invalid_every) % len(_BROKEN)](order), False))
+        else:
+            out.append((json.dumps(order).encode(), True))
+    return out
+
+
+async def produce(service_url: str, topic: str, payloads: list[bytes], *, partitions: int = 0,
+                  producer_name: str = "demo-producer", concurrency: int = 32) -> None:
+    """Publish `payloads` to a reliable topic with the official danube-client."""
+    from danube import DanubeClientBuilder, DispatchStrategy
+
+    client = await DanubeClientBuilder().service_url(service_url).build()
+    builder = client.new_producer().with_topic(topic).with_name(producer_name)
+    builder = builder.with_dispatch_strategy(DispatchStrategy.RELIABLE)
+    if partitions:
+        builder = builder.with_partitions(partitions)
+    producer = builder.build()
+    await producer.create()
+    try:
+        for start in range(0, len(payloads), concurrency):
+            await asyncio.gather(*(producer.send(p, {"source": "demo"}) for p in payloads[start:start + concurrency]))
+    finally:
+        await producer.close()
+
+
+def run_demo(data_dir: str | None = None, messages: int = 200) -> int:
+    """Run the whole demo; returns the process exit code."""
+    owned = data_dir is None
+    root = Path(data_dir or tempfile.mkdtemp(prefix="danube-demo-")).resolve()
+    say(f"== danube-spark demo (data in {root})")
+    stack = EmbeddedStack(root).start()
+    try:
+        say(f"etcd {stack.etcd_endpoint}, broker {stack.service_url}")
+        with EtcdMetadataStore(stack.etcd_endpoint) as metadata:
+            schema_id, version = register_schema(metadata, SUBJECT, "JsonSchema", json.dumps(ORDER_SCHEMA),
+                                                 description="demo orders")
+        say(f"registered JSON schema {SUBJECT!r} (id {schema_id}, version {version})")
+        orders = sample_orders(messages)
+        asyncio.run(produce(stack.service_url, TOPIC, [p for p, _ in orders]))
+        valid = sum(ok for _, ok in orders)
+        say(f"published {len(orders)} orders to {TOPIC} with danube-client ({len(orders) - valid} broken on purpose)")
+        _run_pipeline(stack, root)
+    finally:
+        stack.stop()
+        if owned:
+            shutil.rmtree(root, ignore_errors=True)
+    say("== done: everything the demo started is stopped")
+    return 0
+
+
+def _run_pipeline(stack: EmbeddedStack, root: Path) -> None:
+    from pipelines.runner import PipelineRunner
+
+    env = {"DANUBE_ETCD_ENDPOINTS": stack.etcd_endpoint, "DANUBE_STORAGE_URL": stack.storage_url,
+           "DANUBE_DELTA_ROOT": str(root / "delta")}
+    config = load_config(PIPELINE_FILE, env=env)
+    runner = PipelineRunner(config)
+    try:
+        say(f"running pipeline {config.name} ({PIPELINE_FILE.relative_to(REPO_ROOT)}, availableNow) ...")
+        metrics = runner.run()
+        say(f"pipeline finished: {metrics.totals()}")
+        _show_results(runner, config)
+    finally:
+        runner.stop()
+        runner.spark.stop()
+
+
+def _show_results(runner, config) -> None:
+    from pyspark.sql import functions as F
+
+    spark = runner.spark
+    target = spark.read.format("delta").load(config.target.path)
+    say(f"\nDelta table {config.target.path}: {target.count()} rows")
+    columns = ("_offset", "order_id", "customer", "amount", "currency", "items")
+    say(_table(target.orderBy("_offset").select(*columns).limit(5)))
+    quarantine = spark.read.format("delta").load(config.quarantine.path)
+    say(f"quarantine {config.quarantine.path}: {quarantine.count()} rows")
+    reason = F.coalesce(F.col("_decode_error"), F.concat_ws(" & ", "_failed_expectations"))
+    reasons = quarantine.select(reason.alias("reason"))
+    say(_table(reasons.groupBy("reason").count().orderBy("reason")))
+    with EtcdMetadataStore(config.source.etcd_endpoints) as metadata:
+        key = cursor_key(TOPIC, config.source.subscription)
+        raw = metadata.get(key)
+        say(f"etcd cursor {key} = {parse_cursor(raw, key) if raw is not None else 'none'}")
+
+
+def _table(df) -> str:
+    rows = df.collect()
+    columns = df.columns
+    cells = [[str(r[c]) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths))  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+def say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()

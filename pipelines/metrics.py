@@ -1,0 +1,74 @@
+"""What each micro-batch of a pipeline did: rows in, valid, quarantined, quality, timings, cursors.
+
+The sink records one `BatchReport` per batch it commits; the runner, the demo, the benchmark
+and the notebooks read them from `PipelineMetrics` (thread-safe: foreachBatch runs on a Spark
+thread while the caller polls).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from pipelines.expectations import BatchQuality
+
+
+@dataclass(frozen=True)
+class OffsetSpan:
+    """Offsets of one topic partition in a batch: `[start, end)` (end-exclusive) and the objects read."""
+
+    start: int
+    end: int
+    rows: int
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """One committed micro-batch."""
+
+    batch_id: int
+    rows: int
+    valid: int
+    decode_failures: int
+    expectation_failures: int
+    spans: Mapping[str, OffsetSpan]
+    cursors: Mapping[str, int]
+    quality: BatchQuality | None
+    timings_s: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def quarantined(self) -> int:
+        return self.decode_failures + self.expectation_failures
+
+    @property
+    def duration_s(self) -> float:
+        return sum(self.timings_s.values())
+
+
+class PipelineMetrics:
+    """Every batch report of one run, in commit order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reports: list[BatchReport] = []
+
+    def record(self, report: BatchReport) -> None:
+        with self._lock:
+            self._reports.append(report)
+
+    @property
+    def reports(self) -> list[BatchReport]:
+        with self._lock:
+            return list(self._reports)
+
+    def totals(self) -> dict[str, int]:
+        """Sums over the run: batches, rows, valid, quarantined."""
+        reports = self.reports
+        return {
+            "batches": len(reports),
+            "rows": sum(r.rows for r in reports),
+            "valid": sum(r.valid for r in reports),
+            "quarantined": sum(r.quarantined for r in reports),
+        }

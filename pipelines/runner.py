@@ -1,0 +1,138 @@
+"""Runs one pipeline: the `danube` stream -> `DeltaBatchWriter` under the configured trigger.
+
+`python -m pipelines run <file>`, `./spark-submit.sh run <file>`, the demo, the notebooks and
+the tests all go through `PipelineRunner`, so every entry point runs the same code. Everything
+that can be checked before the query starts is (the YAML, the source options, the
+expectation suite, the registry subject), so a mistake fails in seconds with its key named.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pyspark.sql import SparkSession
+from pyspark.errors import StreamingQueryException
+from pyspark.sql.streaming import StreamingQuery
+
+from connectors import options as opt
+from danube_core.errors import ConfigError
+from danube_core.metadata import MetadataStore
+from pipelines.config import AVAILABLE_NOW, PipelineConfig, SourceConfig
+from pipelines.decode import Decoder
+from pipelines.delta_sink import DeltaBatchWriter
+from pipelines.expectations import QualityGate
+from pipelines.metrics import PipelineMetrics
+from pipelines.schema_registry import SubjectSchemas
+
+logger = logging.getLogger(__name__)
+
+# A driver that died holds the subscription lock until its etcd lease expires (connectors'
+# LOCK_TTL_S = 10 s); a restarted pipeline retries for up to this long before giving up.
+LOCK_WAIT_S = 30.0
+
+
+def reader_options(source: SourceConfig) -> dict[str, str]:
+    """The `danube` source options for a pipeline source (lineage column always on)."""
+    options = {
+        opt.ETCD_ENDPOINTS: source.etcd_endpoints,
+        opt.STORAGE_URL: source.storage_url,
+        opt.SUBSCRIPTION: source.subscription,
+        opt.FAIL_ON_DATA_LOSS: str(source.fail_on_data_loss).lower(),
+        opt.INCLUDE_SOURCE: "true",
+    }
+    optional = {
+        opt.TOPIC: ",".join(source.topics) or None,
+        opt.TOPIC_PATTERN: source.topic_pattern,
+        opt.NAMESPACE: source.namespace,
+        opt.STORAGE_OPTIONS: json.dumps(dict(source.storage_options)) if source.storage_options else None,
+        opt.ROOT_PREFIX: source.root_prefix,
+        opt.WAL_ROOT: source.wal_root,
+        opt.STARTING_OFFSETS: source.starting_offsets,
+        opt.MAX_MESSAGES_PER_TRIGGER: _text(source.max_messages_per_trigger),
+        opt.MAX_BYTES_PER_TRIGGER: source.max_bytes_per_trigger,
+    }
+    options.update({k: v for k, v in optional.items() if v is not None})
+    options.update(source.options)
+    return options
+
+
+def _text(value: int | None) -> str | None:
+    return None if value is None else str(value)
+
+
+class PipelineRunner:
+    """Starts, runs and stops one pipeline's streaming query."""
+
+    def __init__(self, config: PipelineConfig, spark: SparkSession | None = None) -> None:
+        self.config = config
+        self.options = reader_options(config.source)
+        try:
+            parsed = opt.parse_options(self.options)
+        except ConfigError as exc:
+            raise ConfigError(f"{config.file}: source: {exc}") from exc
+        self.metrics = PipelineMetrics()
+        # The session comes first: great-expectations' Spark datasource would otherwise create
+        # a plain one (without the Delta and Avro packages) that every later getOrCreate reuses.
+        self.spark = spark or _session(config)
+        self.gate = QualityGate(config.expectations) if config.expectations is not None else None
+        self.metadata: MetadataStore = parsed.etcd.connect()
+        schemas = SubjectSchemas(self.metadata, config.decode.subject) if config.decode.subject else None
+        if schemas is not None:
+            schemas.subject_metadata()  # fail fast on an unknown subject
+        self.decoder = Decoder(config.decode, schemas)
+        self.query: StreamingQuery | None = None
+        self._closed = False
+
+    def start(self) -> StreamingQuery:
+        """Start the query and return at once (processingTime pipelines keep running)."""
+        writer = DeltaBatchWriter(self.config, self.decoder, self.gate, self.options, self.metadata, self.metrics)
+        stream = self.spark.readStream.format("danube").options(**self.options).load()
+        builder = (
+            stream.writeStream.queryName(self.config.name)
+            .foreachBatch(writer)
+            .option("checkpointLocation", self.config.checkpoint)
+        )
+        trigger = self.config.trigger
+        if trigger.mode == AVAILABLE_NOW:
+            builder = builder.trigger(availableNow=True)
+        else:
+            builder = builder.trigger(processingTime=f"{trigger.interval_ms} milliseconds")
+        self.query = builder.start()
+        logger.info("pipeline %s started (query %s, trigger %s)", self.config.name, self.query.id, trigger.mode)
+        return self.query
+
+    def run(self, lock_wait_s: float = LOCK_WAIT_S) -> PipelineMetrics:
+        """Start and block until the query ends (availableNow) or is stopped; re-raise its failure.
+
+        The subscription lock is taken when the query first plans, so a predecessor that died
+        still holding it fails the new query at once; it is restarted until the lock expires.
+        """
+        deadline = time.monotonic() + lock_wait_s
+        while True:
+            query = self.query or self.start()
+            try:
+                query.awaitTermination()
+                return self.metrics
+            except StreamingQueryException as exc:
+                if "already consumed" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                logger.info("subscription %s still locked by a previous run; restarting the query",
+                            self.config.source.subscription)
+                self.query = None
+                time.sleep(1.0)
+
+    def stop(self) -> None:
+        """Stop the query (the current batch finishes or is replayed next time) and close etcd."""
+        if self.query is not None and self.query.isActive:
+            self.query.stop()
+        if not self._closed:
+            self._closed = True
+            self.metadata.close()
+
+
+def _session(config: PipelineConfig) -> SparkSession:
+    from pipelines.session import build_session
+
+    return build_session(f"danube-pipeline-{config.name}", conf=dict(config.spark_conf))
+

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Runs a pipeline with spark-submit: the same code as `python -m pipelines run <file>`.
+#
+#   ./spark-submit.sh run conf/pipelines/<name>.yaml [spark-submit flags...]
+#
+# Local by default (--master local[*]); any spark-submit flag passes through, e.g.
+#   ./spark-submit.sh run conf/pipelines/orders.yaml --master spark://host:7077 --executor-memory 4g
+# It adds the Delta and spark-avro packages (coordinates from pipelines/session.py; a
+# --packages you give is merged with them) and ships the project's code to the executors as an
+# archive extracted next to each executor (`danube_spark/`, put on their PYTHONPATH). An
+# archive rather than --py-files because Python cannot import the compiled frame decoder
+# (danube_core/_fastdecode) from inside a zip. The driver runs in client mode from this checkout.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PYTHON="${PYSPARK_PYTHON:-python3}"
+
+usage() {
+  echo "usage: $0 run <pipeline.yaml> [spark-submit flags...]" >&2
+  exit 2
+}
+
+[[ $# -ge 2 && "$1" == "run" ]] || usage
+CONFIG="$2"
+shift 2
+[[ -f "$CONFIG" ]] || { echo "error: pipeline file $CONFIG does not exist" >&2; exit 2; }
+
+export PYTHONPATH="${ROOT}${PYTHONPATH:+:$PYTHONPATH}"
+PACKAGES="$("$PYTHON" -c 'from pipelines.session import spark_packages; print(",".join(spark_packages()))')"
+
+# Pass the caller's flags through, merging --packages and noticing --master.
+MASTER_GIVEN=0
+PASSTHROUGH=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --packages) PACKAGES="${PACKAGES},$2"; shift 2 ;;
+    --packages=*) PACKAGES="${PACKAGES},${1#--packages=}"; shift ;;
+    --master|--master=*) MASTER_GIVEN=1; PASSTHROUGH+=("$1"); shift ;;
+    *) PASSTHROUGH+=("$1"); shift ;;
+  esac
+done
+DEFAULTS=()
+[[ $MASTER_GIVEN -eq 1 ]] || DEFAULTS+=(--master "local[*]")
+
+BUILD="${ROOT}/build/spark-submit"
+ARCHIVE="${BUILD}/danube-spark.zip"
+# The application file lives outside the package, so the package's modules never shadow
+# top-level ones through the script's directory on sys.path.
+LAUNCHER="${BUILD}/run_pipeline.py"
+"$PYTHON" - "$ROOT" "$ARCHIVE" "$LAUNCHER" <<'EOF'
+import os, sys, zipfile
+root, archive, launcher = sys.argv[1:4]
+os.makedirs(os.path.dirname(archive), exist_ok=True)
+with open(launcher, "w") as fh:
+    fh.write("import sys\nfrom pipelines.__main__ import main\n\nsys.exit(main())\n")
+with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+    for package in ("danube_core", "connectors", "pipelines", "pyspark_danube"):
+        for folder, dirs, files in os.walk(os.path.join(root, package)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if not name.endswith(".pyc"):
+                    path = os.path.join(folder, name)
+                    zf.write(path, os.path.relpath(path, root))
+EOF
+
+exec spark-submit \
+  "${DEFAULTS[@]}" \
+  --name "danube-pipeline-$(basename "$CONFIG" .yaml)" \
+  --packages "$PACKAGES" \
+  --archives "${ARCHIVE}#danube_spark" \
+  --conf spark.executorEnv.PYTHONPATH=danube_spark \
+  --conf spark.yarn.appMasterEnv.PYTHONPATH=danube_spark \
+  --conf "spark.pyspark.python=${PYTHON}" \
+  "${PASSTHROUGH[@]}" \
+  "$LAUNCHER" run "$CONFIG"
