@@ -27,6 +27,7 @@ from pyetcd.exceptions import (
     RevisionCompactedError,
     WatchTimedOut,
 )
+from pyetcd.utils import prefix_range_end
 from pyetcd.watch import WatchResponse
 
 from danube_core.errors import ConfigError, DanubeError, MetadataError, MetadataUnavailableError
@@ -117,6 +118,28 @@ def _read_file(path: str | None, what: str) -> bytes | None:
             return handle.read()
     except OSError as exc:
         raise ConfigError(f"etcd {what} file {path!r} cannot be read: {exc}") from exc
+
+
+# etcd caps a response at 4 MiB by default (a topic's 100,000 descriptors are ~30 MB), so large
+# ranges are read in pages; later pages are pinned to the first page's revision, so the whole
+# read is one consistent snapshot.
+PAGE_KEYS = 1000
+
+
+def _paged_range(client: Any, start: bytes, end: bytes, limit: int | None,
+                 keys_only: bool) -> KeyValues:
+    found: KeyValues = []
+    revision = None
+    while limit is None or len(found) < limit:
+        page = PAGE_KEYS if limit is None else min(PAGE_KEYS, limit - len(found))
+        response = client.get_range_response(start, end, sort_order="ascend", limit=page,
+                                             revision=revision, keys_only=keys_only)
+        revision = response.header.revision
+        found.extend((kv.key.decode(), b"" if keys_only else kv.value) for kv in response.kvs)
+        if not response.more or not response.kvs:
+            break
+        start = response.kvs[-1].key + b"\0"
+    return found
 
 
 class _EtcdLease(Lease):
@@ -416,20 +439,17 @@ class EtcdMetadataStore(MetadataStore):
     def get_prefix(self, prefix: str, keys_only: bool = False) -> KeyValues:
         check_prefix(prefix)
 
-        def fetch(client: Any) -> KeyValues:
-            found = client.get_prefix(prefix, keys_only=keys_only, sort_order="ascend")
-            return [(meta.key.decode(), b"" if keys_only else value) for value, meta in found]
-
-        return self._read("get_prefix", _key(prefix), fetch)
+        start = prefix.encode()
+        end = prefix_range_end(start)
+        return self._read("get_prefix", _key(prefix),
+                          lambda client: _paged_range(client, start, end, None, keys_only))
 
     def get_range(self, start_key: str, end_key: str, limit: int | None = None) -> KeyValues:
         check_limit(limit)
 
-        def fetch(client: Any) -> KeyValues:
-            found = client.get_range(start_key, end_key, limit=limit, sort_order="ascend")
-            return [(meta.key.decode(), value) for value, meta in found]
-
-        return self._read("get_range", f"key range [{start_key!r}, {end_key!r})", fetch)
+        start, end = start_key.encode(), end_key.encode()
+        return self._read("get_range", f"key range [{start_key!r}, {end_key!r})",
+                          lambda client: _paged_range(client, start, end, limit, False))
 
     def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> bool:
         check_value(key, value)

@@ -77,6 +77,17 @@ class MetadataStoreContract:
         with pytest.raises(ValueError, match="limit"):
             store.get_range(objects, objects + "cur", limit=0)
 
+    def test_reads_larger_than_etcds_4_mib_response_cap_come_back_whole(self, store: MetadataStore, prefix: str):
+        # 2,500 values of 2 KiB = 5 MiB: one etcd response would be refused (RESOURCE_EXHAUSTED)
+        value = b"x" * 2048
+        for n in range(2500):
+            store.put(prefix + padded_offset(n), value)
+        everything = store.get_prefix(prefix)
+        assert [k for k, _ in everything] == [prefix + padded_offset(n) for n in range(2500)]
+        assert all(v == value for _, v in everything)
+        ranged = store.get_range(prefix + padded_offset(700), prefix + padded_offset(2400), limit=1500)
+        assert [k for k, _ in ranged] == [prefix + padded_offset(n) for n in range(700, 2200)]
+
     def test_put_if_absent_has_exactly_one_winner_under_a_race(self, store: MetadataStore, prefix: str):
         key = prefix + "leader"
         contenders = 8
