@@ -1,0 +1,169 @@
+"""What the bench/bench_*.py scripts share: machine facts, CPU + wall timing, a table, the JSON.
+
+Every benchmark prints a table and writes `bench/results/<name>.json`; rates are most
+meaningful per CPU second on a shared machine, so timings carry both clocks (`timed`, and
+`tree_cpu_s` for work done in child processes such as a Spark JVM) and reports carry the load
+average they were measured under.
+
+    from common import Column, machine_info, print_table, timed, write_results
+
+    with timed() as t:
+        work()
+    print_table([{"case": "x", "rate": n / t.wall_s}], [Column("case", "case"),
+                Column("rate/s", "rate", "{:,.0f}")])
+    write_results("x", {"machine": machine_info(), ...})
+"""
+
+from __future__ import annotations
+
+import cProfile
+import json
+import os
+import platform
+import pstats
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+T = TypeVar("T")
+_END = object()
+
+
+def machine_info() -> dict[str, Any]:
+    """Python version, architecture, CPUs and the 1-minute load average right now."""
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+@dataclass
+class Timing:
+    """CPU seconds of this process and wall seconds of one measured block."""
+
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+
+@contextmanager
+def timed() -> Iterator[Timing]:
+    """Time the `with` block; the yielded Timing is filled in when the block ends."""
+    timing = Timing()
+    cpu, wall = time.process_time(), time.perf_counter()
+    try:
+        yield timing
+    finally:
+        timing.cpu_s = time.process_time() - cpu
+        timing.wall_s = time.perf_counter() - wall
+
+
+def best_times(fn: Callable[[], object], repeat: int) -> Timing:
+    """Best CPU and best wall seconds over `repeat` calls of `fn` (each minimised on its own)."""
+    best = Timing(float("inf"), float("inf"))
+    for _ in range(repeat):
+        with timed() as t:
+            fn()
+        best = Timing(min(best.cpu_s, t.cpu_s), min(best.wall_s, t.wall_s))
+    return best
+
+
+def tree_cpu_s(root: int | None = None) -> float:
+    """CPU seconds used so far by process `root` (default: this one) and all its descendants,
+    living or exited (an exited child's time is in its parent's cutime once reaped).
+
+    Rates per CPU second of a whole process tree (a JVM, its Python workers, servers) stay
+    comparable on a busy machine, where wall-clock rates depend on what else runs. Linux only.
+    """
+    root = os.getpid() if root is None else root
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        ticks[pid] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    tree, frontier = {root}, [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier and pid not in tree]
+        tree.update(children)
+        frontier = children
+    return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+
+
+def drain_timed(items: Iterator[T], total: Timing) -> list[T]:
+    """Drain `items`, adding only the time spent producing them (not the caller's) to `total`."""
+    out: list[T] = []
+    while True:
+        with timed() as t:
+            item = next(items, _END)
+        total.cpu_s += t.cpu_s
+        total.wall_s += t.wall_s
+        if item is _END:
+            return out
+        out.append(item)  # type: ignore[arg-type]
+
+
+def profile_top(fn: Callable[[], object], top: int = 8) -> list[dict]:
+    """The `top` functions by own time while `fn` runs (cProfile). C extension functions show
+    on their own; Cython code (pyarrow) counts in its Python caller's own time."""
+    profiler = cProfile.Profile()
+    profiler.runcall(fn)
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in stats.values()) or 1.0
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [{"function": f"{Path(f).name}:{line}({name})", "calls": v[1], "tottime_s": round(v[2], 4),
+             "share": round(v[2] / total, 3)} for (f, line, name), v in rows]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: its header, the row key it shows and a format for the value."""
+
+    header: str
+    key: str
+    fmt: str = "{}"
+
+    def render(self, row: Mapping[str, Any]) -> str:
+        value = row.get(self.key)
+        return "-" if value is None else self.fmt.format(value)
+
+
+def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], title: str | None = None) -> None:
+    """Rows as an aligned text table: the first column left-aligned, the others right-aligned."""
+    cells = [[c.render(row) for c in columns] for row in rows]
+    widths = [max([len(c.header)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        first = values[0].ljust(widths[0])
+        return "  ".join([first] + [v.rjust(w) for v, w in zip(values[1:], widths[1:])])
+
+    if title:
+        print(title)
+    print(line([c.header for c in columns]))
+    for values in cells:
+        print(line(values))
+
+
+def write_results(name: str, report: Mapping[str, Any]) -> Path:
+    """Write `report` to bench/results/<name>.json and say where."""
+    path = RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    try:
+        shown = path.relative_to(Path.cwd())
+    except ValueError:
+        shown = path
+    print(f"wrote {shown}")
+    return path
