@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from danube_core.errors import MetadataError
 from danube_core.records import (
     Converter, JsonRecord, bad_value, boolean, dump_json, expect_object, list_of, one_of,
     optional, string, u32, u64,

@@ -103,7 +103,8 @@ def s3_bucket(moto_s3: MotoS3Server, unique_name) -> str:
 def spark():
     """The one local[2] SparkSession with Delta for the whole run (fast settings, UI off)."""
     from pyspark.sql import SparkSession
-    from delta import configure_spark_with_delta_pip
+
+    from pipelines.session import spark_packages
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -123,7 +124,8 @@ def spark():
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     )
-    session = configure_spark_with_delta_pip(builder).getOrCreate()
+    # The same Delta and spark-avro jars the pipelines use (one place: pipelines.session).
+    session = builder.config("spark.jars.packages", ",".join(spark_packages())).getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     from connectors import register
 
