@@ -99,6 +99,24 @@ def s3_bucket(moto_s3: MotoS3Server, unique_name) -> str:
     return name
 
 
+@pytest.fixture
+def metadata(etcd_endpoint):
+    """An `EtcdMetadataStore` on the session's etcd server, closed after the test."""
+    from danube_core.metadata import EtcdMetadataStore
+
+    store = EtcdMetadataStore(etcd_endpoint)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def s3_store(moto_s3, s3_bucket):
+    """An `ObjectStore` on a fresh bucket of the moto S3 server."""
+    from danube_core.objectstore import ObjectStore
+
+    return ObjectStore(f"s3://{s3_bucket}", moto_s3.storage_options)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The one local[2] SparkSession with Delta for the whole run (fast settings, UI off)."""

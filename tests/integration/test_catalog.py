@@ -19,7 +19,7 @@ from connectors.task_reader import read_task
 from danube_core import keys
 from danube_core.checkpoints import WalCheckpoint
 from danube_core.errors import DataLossError
-from danube_core.metadata import EtcdMetadataStore, MetadataStore
+from danube_core.metadata import MetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import NULL_JSON, BrokerState, dump_cursor
 from danube_core.topics import TopicName
@@ -43,18 +43,6 @@ class CountingMetadata:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
-
-
-@pytest.fixture
-def metadata(etcd_endpoint) -> Iterator[EtcdMetadataStore]:
-    store = EtcdMetadataStore(etcd_endpoint)
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def s3_store(moto_s3, s3_bucket) -> ObjectStore:
-    return ObjectStore(f"s3://{s3_bucket}", moto_s3.storage_options)
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from broker.leader import record_failover
 from broker.storage_engine import StorageEngine, StorageSettings
 from broker.wal import WalConfig
 from danube_core.keys import StorageKeys, broker_state_key, delivery_key
-from danube_core.metadata import EtcdMetadataStore
 from danube_core.records import (
     NON_RELIABLE, RELIABLE, BrokerState, ObjectDescriptor, SealedState, dump_delivery,
 )
@@ -33,13 +32,6 @@ ROOT = "/danube-data"
 KEYS = StorageKeys(ROOT)
 ACKED = 30  # offsets 0..29 flushed (durable) on A
 UPLOADED = 10  # of which 0..9 are in an object
-
-
-@pytest.fixture
-def metadata(etcd_endpoint) -> Iterator[EtcdMetadataStore]:
-    store = EtcdMetadataStore(etcd_endpoint)
-    yield store
-    store.close()
 
 
 @pytest.fixture

@@ -20,22 +20,9 @@ from danube_core import keys
 from danube_core.errors import CorruptFrameError, DataLossError
 from danube_core.frames import encode_frame
 from danube_core.message import encode_message
-from danube_core.metadata import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import ObjectDescriptor
 from tests.topic_builder import PAYLOAD_OFFSET_IN_FRAME, TopicBuilder, messages_of
-
-
-@pytest.fixture
-def metadata(etcd_endpoint) -> Iterator[EtcdMetadataStore]:
-    store = EtcdMetadataStore(etcd_endpoint)
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def s3_store(moto_s3, s3_bucket) -> ObjectStore:
-    return ObjectStore(f"s3://{s3_bucket}", moto_s3.storage_options)
 
 
 @pytest.fixture

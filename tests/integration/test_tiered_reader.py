@@ -4,7 +4,6 @@ index seeks, strict CRC, and DataLossError for every kind of hole (never a silen
 from __future__ import annotations
 
 import threading
-from typing import Iterator
 
 import pytest
 
@@ -13,7 +12,6 @@ from broker.uploader import Uploader
 from broker.wal import Wal, WalConfig
 from danube_core.errors import CorruptFrameError, DataLossError
 from danube_core.keys import StorageKeys
-from danube_core.metadata import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import ObjectDescriptor
 from danube_core.topics import TopicName
@@ -33,13 +31,6 @@ class RecordingStore(ObjectStore):
     def read_range(self, path_or_url: str, start: int, end: int) -> bytes:
         self.reads.append((path_or_url, start))
         return super().read_range(path_or_url, start, end)
-
-
-@pytest.fixture
-def metadata(etcd_endpoint) -> Iterator[EtcdMetadataStore]:
-    store = EtcdMetadataStore(etcd_endpoint)
-    yield store
-    store.close()
 
 
 @pytest.fixture

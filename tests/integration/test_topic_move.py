@@ -21,7 +21,6 @@ from broker.topic_storage import TopicClosedError
 from broker.wal import WalConfig
 from danube_core.checkpoints import UploaderCheckpoint, read_checkpoint
 from danube_core.errors import ConfigError
-from danube_core.metadata import EtcdMetadataStore
 from danube_core.records import ObjectDescriptor
 from danube_core.topics import TopicName
 from tests.unit.test_uploader import make_msg
@@ -30,13 +29,6 @@ BROKER_A = 10285063371164059634  # > 2^53: must stay exact in JSON
 BROKER_B = 10421046117770015389
 NEVER_MS = 3_600_000
 ROOT = "/danube-data"
-
-
-@pytest.fixture
-def metadata(etcd_endpoint) -> Iterator[EtcdMetadataStore]:
-    store = EtcdMetadataStore(etcd_endpoint)
-    yield store
-    store.close()
 
 
 @pytest.fixture(params=["s3", "file"])
