@@ -78,20 +78,27 @@ class SubscriptionCursor:
         return stored
 
     def ack(self, offset: int) -> None:
-        """Record that every message up to `offset` (inclusive) is acknowledged."""
+        """Record that every message up to `offset` (inclusive) is acknowledged; write it to
+        etcd when a flush is due (every `flush_every_acks` acks or `flush_interval_s`)."""
+        if self.record(offset):
+            self.flush()
+
+    def record(self, offset: int) -> bool:
+        """Record the ack in memory only (never blocks on etcd); True when a flush is due.
+
+        For callers on an event loop, which then run `flush()` on a thread.
+        """
         if offset < 0:
             raise ValueError(f"ack offset {offset} for {self._key} must be >= 0")
         with self._lock:
             if self._acked is not None and offset <= self._acked:
-                return
+                return False
             self._acked = offset
             self._acks_since_flush += 1
-            due = (
+            return (
                 self._acks_since_flush >= self._flush_every_acks
                 or self._clock() - self._last_flush_at >= self._flush_interval_s
             )
-            if due:
-                self._write_locked()
 
     def flush(self) -> None:
         """Write the newest acked offset now (topic unload or close); no-op if unchanged."""

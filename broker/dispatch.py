@@ -191,23 +191,23 @@ class Subscription:
             heapq.heappop(self._outstanding)
         acked_through = self._outstanding[0] - 1 if self._outstanding else self._read_high
         if acked_through >= self._start_offset:
-            # The cursor may write to etcd (a blocking put): never on the event loop, where a
-            # stall ages queued calls until gRPC drops them as CANCELLED.
-            self._loop.run_in_executor(None, self._write_cursor, acked_through)
+            # The etcd write (a blocking put) never runs on the event loop, where a stall ages
+            # queued calls until gRPC drops them as CANCELLED.
+            if self._cursor.record(acked_through):
+                self._loop.run_in_executor(None, self._flush_cursor_now)
             if self._flush_timer is None:
                 # The cursor writes only on acks; this makes sure the last ack of a burst lands too.
                 self._flush_timer = self._loop.call_later(self._cursor_flush_s, self._flush_cursor)
         self._pump()
 
-    def _write_cursor(self, acked_through: int) -> None:
+    def _flush_cursor_now(self) -> None:
         """Runs on an executor thread; the cursor is thread-safe and only moves forward."""
         if not self.closed:
-            self._cursor.ack(acked_through)
+            self._cursor.flush()
 
     def _flush_cursor(self) -> None:
         self._flush_timer = None
-        if not self.closed:
-            self._loop.run_in_executor(None, self._cursor.flush)
+        self._loop.run_in_executor(None, self._flush_cursor_now)
 
     def nack(self, offset: int, delay_ms: int) -> None:
         """Send `offset` again after `delay_ms` (to any consumer, by the subscription's rules)."""

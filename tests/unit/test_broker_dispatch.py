@@ -19,9 +19,10 @@ class FakeCursor:
     def __init__(self) -> None:
         self.acked: list[int] = []
 
-    def ack(self, offset: int) -> None:
+    def record(self, offset: int) -> bool:
         if not self.acked or offset > self.acked[-1]:
             self.acked.append(offset)
+        return False  # no etcd behind this cursor: a flush is never due
 
     def flush(self) -> None:
         pass

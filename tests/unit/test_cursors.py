@@ -140,3 +140,12 @@ def test_bad_settings_are_rejected(metadata):
         cursor(metadata, flush_every_acks=0)
     with pytest.raises(ValueError, match="ack offset"):
         cursor(metadata).ack(-1)
+
+
+def test_record_never_writes_and_says_when_a_flush_is_due(metadata):
+    c = cursor(metadata, flush_every_acks=3)
+    assert [c.record(n) for n in (1, 2)] == [False, False]
+    assert c.record(2) is False  # not newer: ignored, not counted
+    assert c.record(3) is True and metadata.get(KEY) is None  # due, but only flush() writes
+    c.flush()
+    assert metadata.get(KEY) == b"3" and c.resume_offset() == 4
