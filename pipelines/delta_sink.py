@@ -2,7 +2,10 @@
 
 Order per batch, and why it gives exactly-once:
 
-1. decode and validate the batch (cached once, reused by every step below);
+1. decode and validate the batch. The source's rows are cached once (the decoder's look at the
+   schema versions and everything after it reuse them, so the topic is read once per batch) and
+   so are the decoded rows; one aggregation gives the offset spans and the decode failures, and
+   great-expectations names the rows it rejects, so no further job counts anything;
 2. append the valid rows to the target and the failing rows to the quarantine table, each with
    Delta's idempotent-write options `txnAppId` = pipeline name and `txnVersion` = batch id.
    Spark replays a batch with the same id and the same offsets after a crash, and Delta skips
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from pyspark.sql import DataFrame, SparkSession
@@ -61,12 +65,14 @@ class DeltaBatchWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         timings: dict[str, float] = {}
         started = self.clock()
-        decoded = self.decoder.decode(prepare(batch)).persist()
+        prepared = prepare(batch).persist()
+        decoded = self.decoder.decode(prepared).persist()
         try:
-            spans = offset_spans(decoded)
+            summary = summarize(decoded)
+            spans = summary.spans
             timings["decode"] = self.clock() - started
             marked, quality = self._validate(decoded, timings)
-            counts = _counts(marked)
+            counts = summary.counts(quality)
             mark = self.clock()
             self._write_tables(marked, counts, quality, batch_id, commit_metadata(self.config.name, batch_id, spans))
             timings["write"] = self.clock() - mark
@@ -75,7 +81,8 @@ class DeltaBatchWriter:
             timings["cursor"] = self.clock() - mark
         finally:
             decoded.unpersist()
-        report = BatchReport(batch_id, sum(s.rows for s in spans.values()), counts["valid"], counts["decode"],
+            prepared.unpersist()
+        report = BatchReport(batch_id, summary.rows, counts["valid"], counts["decode"],
                              counts["expectations"], spans, cursors, quality, timings)
         self.metrics.record(report)
         logger.info("pipeline %s batch %d: %d rows, %d valid, %d quarantined, cursors %s (%.2fs)",
@@ -125,13 +132,37 @@ class DeltaBatchWriter:
             writer.saveAsTable(table.table)
 
 
-def offset_spans(decoded: DataFrame) -> dict[str, OffsetSpan]:
-    """Per topic partition: first offset, end (last + 1), row count and the objects read."""
+@dataclass(frozen=True)
+class BatchSummary:
+    """What one aggregation over a decoded batch tells: offset spans and undecodable rows."""
+
+    spans: Mapping[str, OffsetSpan]
+    decode_failures: int
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.spans.values())
+
+    def counts(self, quality: BatchQuality | None) -> dict[str, int]:
+        """valid / decode / expectations row counts.
+
+        great-expectations only sees decodable rows and names each row it rejects once, by its
+        unique (topic, offset), so the rows it failed are counted without another Spark job.
+        """
+        failed = len(quality.failed_rows) if quality is not None else 0
+        return {"valid": self.rows - self.decode_failures - failed, "decode": self.decode_failures,
+                "expectations": failed}
+
+
+def summarize(decoded: DataFrame) -> BatchSummary:
+    """Per topic partition: first offset, end (last + 1), row count, objects read; and decode failures."""
     rows = decoded.groupBy("_topic").agg(
         F.min("_offset").alias("first"), F.max("_offset").alias("last"), F.count(F.lit(1)).alias("rows"),
         F.array_sort(F.collect_set("_source")).alias("sources"),
+        F.count(F.col(DECODE_ERROR)).alias("undecodable"),
     ).collect()
-    return {r["_topic"]: OffsetSpan(r["first"], r["last"] + 1, r["rows"], tuple(r["sources"] or ())) for r in rows}
+    spans = {r["_topic"]: OffsetSpan(r["first"], r["last"] + 1, r["rows"], tuple(r["sources"] or ())) for r in rows}
+    return BatchSummary(spans, sum(r["undecodable"] for r in rows))
 
 
 def commit_metadata(pipeline: str, batch_id: int, spans: Mapping[str, OffsetSpan]) -> str:
@@ -146,16 +177,6 @@ def commit_metadata(pipeline: str, batch_id: int, spans: Mapping[str, OffsetSpan
         separators=(",", ":"),
         sort_keys=True,
     )
-
-
-def _counts(marked: DataFrame) -> dict[str, int]:
-    kind = (
-        F.when(F.col(DECODE_ERROR).isNotNull(), F.lit("decode"))
-        .when(F.size(F.col(FAILED)) > 0, F.lit("expectations"))
-        .otherwise(F.lit("valid"))
-    )
-    found = {r["kind"]: r["count"] for r in marked.groupBy(kind.alias("kind")).count().collect()}
-    return {k: found.get(k, 0) for k in ("valid", "decode", "expectations")}
 
 
 def target_rows(marked: DataFrame) -> DataFrame:
