@@ -4,8 +4,9 @@ Starts a local etcd and one broker process (`python -m broker`) with
 `wal_cloud.wal.file_sync.durable: true`: a SendMessage is answered only after its WAL frame is
 written and fsync(2)ed (group commit, see broker/durable_ack.py). Then 1 and 4 producer
 processes (each its own danube-client `Producer`, `--in-flight` sends pipelined per producer)
-send 100-byte messages with one attribute to one reliable topic. Reports msgs/s and the
-p50/p99 latency of `producer.send()`.
+send 100-byte messages with one attribute to one reliable topic. Reports msgs/s, the
+p50/p99 latency of `producer.send()`, and CPU microseconds per message spent by the client
+processes and by the server process.
 
 Baseline, same run and same client code: the same producers against a no-op gRPC server that
 answers every call at once. It is the ceiling this machine's Python gRPC stack allows, so
@@ -97,17 +98,28 @@ def _producer_process(url: str, topic: str, name: str, messages: int, in_flight:
                 await producer.send(PAYLOAD, {"i": str(i)})
                 latencies.append(time.perf_counter() - started)
 
-        started = time.time()
+        started, cpu = time.time(), time.process_time()
         await asyncio.gather(*(send(i) for i in range(messages)))
-        ended = time.time()
+        ended, cpu = time.time(), time.process_time() - cpu
         await producer.close()
-        return {"started": started, "ended": ended, "latencies": latencies}
+        return {"started": started, "ended": ended, "latencies": latencies, "cpu_s": cpu}
 
     out.put(asyncio.run(run()))
 
 
-def run_case(url: str, topic: str, producers: int, messages: int, in_flight: int) -> dict:
-    """`producers` processes each sending `messages`; aggregate msgs/s and latency percentiles."""
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_case(url: str, topic: str, producers: int, messages: int, in_flight: int, server_pid: int) -> dict:
+    """`producers` processes each sending `messages`; msgs/s, latency percentiles, CPU per message.
+
+    CPU per message, of the client processes and of the server, shows which side bounds the
+    rate: on 2 cores, both near 100% of a core means the machine, not the broker, is the limit.
+    """
+    server_cpu = _cpu_seconds(server_pid)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_producer_process, args=(url, topic, f"bench-{i}", messages, in_flight, out))
@@ -117,6 +129,7 @@ def run_case(url: str, topic: str, producers: int, messages: int, in_flight: int
     results = [out.get(timeout=600) for _ in procs]
     for proc in procs:
         proc.join(60)
+    server_cpu = _cpu_seconds(server_pid) - server_cpu
     latencies = sorted(lat for r in results for lat in r["latencies"])
     elapsed = max(r["ended"] for r in results) - min(r["started"] for r in results)
     total = len(latencies)
@@ -128,6 +141,8 @@ def run_case(url: str, topic: str, producers: int, messages: int, in_flight: int
         "p50_ms": round(latencies[total // 2] * 1000, 2),
         "p99_ms": round(latencies[min(total - 1, int(total * 0.99))] * 1000, 2),
         "mean_ms": round(statistics.fmean(latencies) * 1000, 2),
+        "client_cpu_us_per_msg": round(sum(r["cpu_s"] for r in results) / total * 1e6),
+        "server_cpu_us_per_msg": round(server_cpu / total * 1e6),
     }
 
 
@@ -153,12 +168,14 @@ def _start_broker(workdir: Path, etcd: EmbeddedEtcd, flush_interval_ms: int) -> 
 
 
 def _print_table(rows: list[dict]) -> None:
-    header = f"{'target':<10}{'producers':>10}{'messages':>10}{'msgs/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>8}"
+    header = (f"{'target':<10}{'producers':>10}{'messages':>10}{'msgs/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+              f"{'client us/msg':>15}{'server us/msg':>15}{'ratio':>8}")
     print(header)
     print("-" * len(header))
     for row in rows:
         print(f"{row['target']:<10}{row['producers']:>10}{row['messages']:>10}{row['msgs_per_s']:>10}"
-              f"{row['p50_ms']:>9}{row['p99_ms']:>9}{row.get('ratio', ''):>8}")
+              f"{row['p50_ms']:>9}{row['p99_ms']:>9}{row['client_cpu_us_per_msg']:>15}{row['server_cpu_us_per_msg']:>15}"
+              f"{row.get('ratio', ''):>8}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for producers in (1, 4):
-            base = run_case(f"http://127.0.0.1:{baseline_port}", "/default/bench", producers, args.messages, args.in_flight)
+            base = run_case(f"http://127.0.0.1:{baseline_port}", "/default/bench", producers, args.messages, args.in_flight,
+                            baseline.pid)
             rows.append({"target": "no-op", **base})
-            real = run_case(url, f"/default/ingest-{producers}p", producers, args.messages, args.in_flight)
+            real = run_case(url, f"/default/ingest-{producers}p", producers, args.messages, args.in_flight, broker.pid)
             rows.append({"target": "broker", **real, "ratio": round(real["msgs_per_s"] / base["msgs_per_s"], 2)})
     finally:
         broker.send_signal(signal.SIGTERM)
