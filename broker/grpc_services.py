@@ -3,8 +3,9 @@
 The generated stubs come with the official client (`danube.proto`): we serve exactly what
 danube-client 0.5 calls. ProducerService (CreateProducer, SendMessage), ConsumerService
 (Subscribe, ReceiveMessages, Ack, Nack), Discovery (TopicLookup, TopicPartitions) and
-HealthCheck. Wire conversions live here (spec §8.2: SendMessage is stored as sent, except the
-offset; `subscription_name` always becomes Some(value)). Broker errors become gRPC statuses by
+HealthCheck; the SchemaRegistry service is `broker.schema_service`. Wire conversions live
+here (spec §8.2: SendMessage is stored as sent, except the offset; `subscription_name` always
+becomes Some(value)). Broker errors become gRPC statuses by
 their `status_name`; any other DanubeError becomes UNAVAILABLE when retriable (so clients
 retry) and INTERNAL otherwise; unexpected exceptions are logged and reported as INTERNAL.
 """
@@ -97,8 +98,10 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
 
     @translated
     async def CreateProducer(self, request: pb.ProducerRequest, context: Any) -> pb.ProducerResponse:
+        schema_subject = request.schema_ref.subject if request.HasField("schema_ref") else None
         producer_id = await self._service.create_producer(
-            request.topic_name, request.producer_name, request.producer_access_mode, request.dispatch_strategy)
+            request.topic_name, request.producer_name, request.producer_access_mode, request.dispatch_strategy,
+            schema_subject or None)
         return pb.ProducerResponse(request_id=request.request_id, producer_id=producer_id,
                                    producer_name=request.producer_name)
 

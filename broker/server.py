@@ -28,6 +28,7 @@ from broker.config import BrokerConfig
 from broker.embedded_etcd import EmbeddedEtcd
 from broker.grpc_services import add_services
 from broker.leader import LeaderElection, TopicAssigner
+from broker.schema_service import add_schema_registry
 from broker.namespaces import Namespaces
 from broker.service import BrokerService
 from broker.storage_engine import StorageEngine, StorageSettings
@@ -132,6 +133,7 @@ class BrokerServer:
             ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
         ])
         add_services(self._grpc, self.service)
+        add_schema_registry(self._grpc, self.metadata)
         if self._grpc.add_insecure_port(cfg.listener.bind_address) == 0:
             raise ConfigError(f"config {cfg.source}: cannot listen on {cfg.listener.bind_address} (port in use?)")
         await self._grpc.start()

@@ -84,13 +84,16 @@ class BrokerService:
 
     # ---- producers --------------------------------------------------------------------------
 
-    async def create_producer(self, topic_name: str, producer_name: str, access_mode: int, dispatch: int) -> int:
+    async def create_producer(self, topic_name: str, producer_name: str, access_mode: int, dispatch: int,
+                              schema_subject: str | None = None) -> int:
+        """A producer id on the served topic; a missing topic is created (auto-create), recording
+        the producer's schema subject as Danube does (`/topics{T}/schema_subject`, §6.1)."""
         name = parse_topic(topic_name)
         if not producer_name:
             raise InvalidRequestError(f"producer for {topic_name} has an empty producer_name")
         if dispatch not in DISPATCH_STRATEGIES:
             raise InvalidRequestError(f"dispatch_strategy {dispatch} is unknown; expected 0 NonReliable or 1 Reliable")
-        topic = await self._serving_topic(name, DISPATCH_STRATEGIES[dispatch])
+        topic = await self._serving_topic(name, DISPATCH_STRATEGIES[dispatch], schema_subject)
         record, created = topic.add_producer(producer_name, access_mode)
         if created:
             self._producers[record.producer_id] = topic
@@ -205,7 +208,7 @@ class BrokerService:
 
     # ---- topics served here -------------------------------------------------------------------
 
-    async def _serving_topic(self, name: TopicName, delivery: str | None) -> Topic:
+    async def _serving_topic(self, name: TopicName, delivery: str | None, schema_subject: str | None = None) -> Topic:
         """The local topic; else TopicMovedError (exists elsewhere / just created) or NotFoundError."""
         topic = self.topics.get(name)
         if topic is not None and topic.active:
@@ -217,7 +220,7 @@ class BrokerService:
         if delivery is None or not self.config.auto_create_topics:
             raise NotFoundError(f"topic {name} does not exist")
         try:
-            await asyncio.to_thread(self.registry.create, name, delivery)
+            await asyncio.to_thread(self.registry.create, name, delivery, schema_subject)
         except AlreadyExistsError:
             pass  # created concurrently by another producer
         raise TopicMovedError(f"topic {name} was created; look it up again to find its broker")

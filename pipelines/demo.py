@@ -1,8 +1,9 @@
 """The one-command demo (`./demo.sh`, i.e. `python -m pipelines demo`).
 
 Starts the embedded defaults (etcd + our broker on local storage, `pipelines.embedded`),
-registers the `orders` JSON schema in Danube's schema registry keys, publishes a sample order
-stream with the official `danube-client` (every 10th order is broken in some way), runs
+registers the `orders` JSON schema through the broker's schema registry and publishes a sample
+order stream stamped with it, both with the official `danube-client` (every 10th order is
+broken in some way), runs
 `conf/pipelines/orders.yaml` once (availableNow) and shows what landed: the Delta table's row
 count and a few rows, the quarantine by reason, and the subscription cursor in etcd. Then it
 stops everything it started. This module is a command: its output is the point, so it
@@ -25,7 +26,6 @@ from danube_core.metadata import EtcdMetadataStore
 from danube_core.records import parse_cursor
 from pipelines.config import load_config
 from pipelines.embedded import REPO_ROOT, EmbeddedStack
-from pipelines.schema_registry import register_schema
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +68,26 @@ def sample_orders(count: int, seed: int = 7, invalid_every: int = 10) -> list[tu
     return out
 
 
+async def register_json_schema(service_url: str, subject: str, schema: dict) -> tuple[int, int]:
+    """Register `schema` under `subject` through the broker's SchemaRegistry service; (id, version)."""
+    from danube import DanubeClientBuilder, SchemaType
+
+    client = await DanubeClientBuilder().service_url(service_url).build()
+    registry = client.schema()
+    await (registry.register_schema(subject).with_type(SchemaType.JSON_SCHEMA)
+           .with_schema_data(json.dumps(schema).encode()).with_description("demo orders").execute())
+    latest = await registry.get_latest_schema(subject)
+    return latest.schema_id, latest.version
+
+
 async def produce(service_url: str, topic: str, payloads: list[bytes], *, partitions: int = 0,
-                  producer_name: str = "demo-producer", concurrency: int = 32) -> None:
-    """Publish `payloads` to a reliable topic with the official danube-client."""
+                  producer_name: str = "demo-producer", concurrency: int = 32,
+                  schema_subject: str | None = None) -> None:
+    """Publish `payloads` to a reliable topic with the official danube-client.
+
+    With `schema_subject` the producer stamps each message with the subject's latest schema id
+    and version, as Danube producers built `with_schema_subject` do.
+    """
     from danube import DanubeClientBuilder, DispatchStrategy
 
     client = await DanubeClientBuilder().service_url(service_url).build()
@@ -78,6 +95,8 @@ async def produce(service_url: str, topic: str, payloads: list[bytes], *, partit
     builder = builder.with_dispatch_strategy(DispatchStrategy.RELIABLE)
     if partitions:
         builder = builder.with_partitions(partitions)
+    if schema_subject:
+        builder = builder.with_schema_subject(schema_subject)
     producer = builder.build()
     await producer.create()
     try:
@@ -95,12 +114,10 @@ def run_demo(data_dir: str | None = None, messages: int = 200) -> int:
     stack = EmbeddedStack(root).start()
     try:
         say(f"etcd {stack.etcd_endpoint}, broker {stack.service_url}")
-        with EtcdMetadataStore(stack.etcd_endpoint) as metadata:
-            schema_id, version = register_schema(metadata, SUBJECT, "JsonSchema", json.dumps(ORDER_SCHEMA),
-                                                 description="demo orders")
-        say(f"registered JSON schema {SUBJECT!r} (id {schema_id}, version {version})")
+        schema_id, version = asyncio.run(register_json_schema(stack.service_url, SUBJECT, ORDER_SCHEMA))
+        say(f"registered JSON schema {SUBJECT!r} with danube-client (id {schema_id}, version {version})")
         orders = sample_orders(messages)
-        asyncio.run(produce(stack.service_url, TOPIC, [p for p, _ in orders]))
+        asyncio.run(produce(stack.service_url, TOPIC, [p for p, _ in orders], schema_subject=SUBJECT))
         valid = sum(ok for _, ok in orders)
         say(f"published {len(orders)} orders to {TOPIC} with danube-client ({len(orders) - valid} broken on purpose)")
         _run_pipeline(stack, root)

@@ -27,7 +27,7 @@ from pipelines.config import load_config
 from pipelines.demo import ORDER_SCHEMA, PIPELINE_FILE, produce, sample_orders
 from pipelines.embedded import REPO_ROOT, EmbeddedStack
 from pipelines.runner import PipelineRunner
-from pipelines.schema_registry import register_schema
+from danube_core.schema_registry import register_schema
 from tests.rig import eventually
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -22,7 +22,7 @@ from danube_core.objectstore import ObjectStore
 from danube_core.records import parse_cursor
 from pipelines.config import PipelineConfig, parse_config
 from pipelines.runner import PipelineRunner
-from pipelines.schema_registry import register_schema
+from danube_core.schema_registry import register_schema
 from tests.topic_builder import TopicBuilder
 
 pytestmark = pytest.mark.spark

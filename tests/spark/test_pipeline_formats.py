@@ -8,7 +8,7 @@ import pytest
 from delta.tables import DeltaTable
 
 from pipelines.runner import PipelineRunner
-from pipelines.schema_registry import register_schema
+from danube_core.schema_registry import register_schema
 from tests.rig import eventually
 from tests.spark.test_pipeline_decode import ORDER_SCHEMA, ids, lake, order  # noqa: F401 (fixture)
 

@@ -1,0 +1,200 @@
+"""Danube's schema registry over etcd (spec §5.6): register, look up, list, delete versions, set modes.
+
+The broker's `SchemaRegistry` gRPC service, the demo and the tests write subjects through this
+module, so the keys and JSON the real broker writes are produced in one place. A new subject
+takes `/schemas/_global/next_schema_id` (created as 1) and gets an index entry; each version is
+`/schemas/{subject}/versions/{n}` and the subject's metadata lists them. Registering a schema
+whose fingerprint a version already has returns that version; a changed schema must pass the
+subject's compatibility mode (`danube_core.schema_compat`; Danube's default is Backward).
+
+Fingerprints: `sha256:` of the compact, key-sorted JSON form for JSON Schema and Avro (Danube's
+for JSON Schema; for Avro Danube re-serialises through apache-avro, whose field order this does
+not reproduce), of the `.proto` text for Protobuf, the type name for the simple types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import time
+
+from danube_core.errors import DanubeError
+from danube_core.keys import (
+    NEXT_SCHEMA_ID_KEY, schema_compatibility_key, schema_index_key, schema_metadata_key, schema_version_key,
+)
+from danube_core.metadata import MetadataStore
+from danube_core.records import dump_u64, parse_u64
+from danube_core.schema_compat import MODES, incompatibilities
+from danube_core.schema_records import (
+    SIMPLE_SCHEMA_TYPES, SchemaCompatibility, SchemaDef, SchemaIndexEntry, SchemaMetadata, SchemaVersion,
+    json_schema_fingerprint,
+)
+
+logger = logging.getLogger(__name__)
+
+# What clients call the schema types (danube-client's SchemaType values) -> schema_def kinds.
+CLIENT_TYPE_NAMES = {
+    "bytes": "Bytes", "string": "String", "number": "Number", "avro": "Avro",
+    "json_schema": "JsonSchema", "jsonschema": "JsonSchema", "protobuf": "Protobuf", "proto": "Protobuf",
+}
+KIND_CLIENT_NAMES = {"Bytes": "bytes", "String": "string", "Number": "number", "Avro": "avro",
+                     "JsonSchema": "json_schema", "Protobuf": "protobuf"}
+
+
+class SchemaNotFoundError(DanubeError):
+    """An unknown subject, schema id or version."""
+
+
+class InvalidSchemaError(DanubeError, ValueError):
+    """A schema type or definition that cannot be registered (names what was expected)."""
+
+
+class IncompatibleSchemaError(DanubeError):
+    """A new version that breaks the subject's compatibility mode; lists every reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    schema_id: int
+    version: int
+    is_new_version: bool
+    fingerprint: str
+
+
+def schema_def(type_name: str, definition: str) -> SchemaDef:
+    """A `schema_def` from a client's type name and definition text, checked and fingerprinted."""
+    kind = CLIENT_TYPE_NAMES.get(type_name.lower()) or (type_name if type_name in KIND_CLIENT_NAMES else None)
+    if kind is None:
+        raise InvalidSchemaError(f"schema_type {type_name!r}: expected one of {', '.join(sorted(KIND_CLIENT_NAMES.values()))}")
+    if kind in SIMPLE_SCHEMA_TYPES:
+        return SchemaDef(kind)
+    if not definition.strip():
+        raise InvalidSchemaError(f"a {kind} schema needs a schema_definition; none was given")
+    if kind == "Protobuf":
+        return SchemaDef(kind, definition, "sha256:" + hashlib.sha256(definition.encode()).hexdigest())
+    try:
+        return SchemaDef(kind, definition, json_schema_fingerprint(definition))
+    except ValueError as exc:
+        raise InvalidSchemaError(f"the {kind} schema_definition is not valid JSON: {exc}") from exc
+
+
+def fingerprint_of(definition: SchemaDef) -> str:
+    return definition.fingerprint or SIMPLE_SCHEMA_TYPES[definition.kind]
+
+
+class SchemaRegistry:
+    """The registry's subjects, versions and ids in one metadata store."""
+
+    def __init__(self, metadata: MetadataStore) -> None:
+        self.metadata = metadata
+
+    def subject(self, subject: str) -> SchemaMetadata:
+        key = schema_metadata_key(subject)
+        raw = self.metadata.get(key)
+        if raw is None:
+            raise SchemaNotFoundError(f"schema registry subject {subject!r} does not exist (etcd key {key!r})")
+        return SchemaMetadata.from_json(raw, key)
+
+    def version(self, subject: str, number: int | None = None) -> tuple[SchemaMetadata, SchemaVersion]:
+        """A subject's version `number` (its latest when None)."""
+        meta = self.subject(subject)
+        number = meta.latest_version if number is None else number
+        key = schema_version_key(subject, number)
+        raw = self.metadata.get(key)
+        if raw is None:
+            raise SchemaNotFoundError(f"schema registry subject {subject!r} has no version {number} (etcd key {key!r})")
+        return meta, SchemaVersion.from_json(raw, key)
+
+    def subject_of(self, schema_id: int) -> str:
+        key = schema_index_key(schema_id)
+        raw = self.metadata.get(key)
+        if raw is None:
+            raise SchemaNotFoundError(f"schema id {schema_id} is not registered (etcd key {key!r})")
+        return SchemaIndexEntry.from_json(raw, key).subject
+
+    def mode(self, subject: str) -> str:
+        """The subject's compatibility mode, lowercase (`/compatibility` wins over the metadata)."""
+        key = schema_compatibility_key(subject)
+        raw = self.metadata.get(key)
+        if raw is not None:
+            return SchemaCompatibility.from_json(raw, key).mode
+        return self.subject(subject).compatibility_mode.lower()
+
+    def check(self, subject: str, definition: SchemaDef, mode: str | None = None) -> list[str]:
+        """Why `definition` may not become the subject's next version (empty: it may)."""
+        _, latest = self.version(subject)
+        return incompatibilities(mode or self.mode(subject), latest.schema_def, definition)
+
+    def register(self, subject: str, definition: SchemaDef, *, created_by: str = "danube-spark",
+                 description: str = "", tags: list[str] | None = None) -> Registration:
+        """Add `definition` to `subject` (creating it), or return the version that has it already."""
+        if not subject:
+            raise InvalidSchemaError("subject must not be empty")
+        fingerprint = fingerprint_of(definition)
+        key = schema_metadata_key(subject)
+        while True:
+            raw = self.metadata.get(key)
+            now = int(time.time())
+            if raw is None:
+                current = None
+                number = 1
+            else:
+                current = SchemaMetadata.from_json(raw, key)
+                same = next((v for v in current.versions if v.fingerprint == fingerprint), None)
+                if same is not None:
+                    return Registration(current.id, same.version, False, fingerprint)
+                errors = self.check(subject, definition)
+                if errors:
+                    raise IncompatibleSchemaError(
+                        f"schema for subject {subject!r} is not {self.mode(subject)}-compatible with version "
+                        f"{current.latest_version}: " + "; ".join(errors))
+                number = current.latest_version + 1
+            version = SchemaVersion(number, definition, fingerprint, now, created_by, description, tags=list(tags or []))
+            if current is None:
+                schema_id = self._next_schema_id()
+                current = SchemaMetadata(schema_id, subject, 0, now, now, created_by)
+                self.metadata.put(schema_index_key(schema_id), SchemaIndexEntry(schema_id, subject).to_json())
+            updated = dataclasses.replace(current, latest_version=number, updated_at=now,
+                                          versions=[*current.versions, version])
+            self.metadata.put(schema_version_key(subject, number), version.to_json())
+            if self.metadata.compare_and_put(key, raw, updated.to_json()):
+                logger.info("registered %s schema %s version %d (id %d)", definition.kind, subject, number, updated.id)
+                return Registration(updated.id, number, True, fingerprint)
+
+    def set_mode(self, subject: str, mode: str) -> None:
+        mode = mode.lower()
+        if mode not in MODES:
+            raise InvalidSchemaError(f"compatibility_mode {mode!r}: expected one of {', '.join(MODES)}")
+        meta = self.subject(subject)
+        self.metadata.put(schema_compatibility_key(subject), SchemaCompatibility(mode).to_json())
+        self.metadata.put(schema_metadata_key(subject), dataclasses.replace(
+            meta, compatibility_mode=mode.capitalize(), updated_at=int(time.time())).to_json())
+
+    def delete_version(self, subject: str, number: int) -> None:
+        """Remove one version; the subject keeps at least one (its latest moves back if needed)."""
+        meta, _ = self.version(subject, number)
+        remaining = [v for v in meta.versions if v.version != number]
+        if not remaining:
+            raise IncompatibleSchemaError(f"version {number} is the only version of subject {subject!r}; "
+                                          "a subject keeps at least one version")
+        self.metadata.put(schema_metadata_key(subject), dataclasses.replace(
+            meta, versions=remaining, latest_version=max(v.version for v in remaining),
+            updated_at=int(time.time())).to_json())
+        self.metadata.delete(schema_version_key(subject, number))
+
+    def _next_schema_id(self) -> int:
+        """Take the global counter's value and bump it (atomically, unlike the broker's get-then-put)."""
+        while True:
+            raw = self.metadata.get(NEXT_SCHEMA_ID_KEY)
+            current = 1 if raw is None else parse_u64(raw, NEXT_SCHEMA_ID_KEY)
+            if self.metadata.compare_and_put(NEXT_SCHEMA_ID_KEY, raw, dump_u64(current + 1)):
+                return current
+
+
+def register_schema(metadata: MetadataStore, subject: str, kind: str, raw_schema: str, *,
+                    created_by: str = "danube-spark", description: str = "") -> tuple[int, int]:
+    """Register a `kind` (JsonSchema, Avro, ...) schema text under `subject`; returns (schema_id, version)."""
+    found = SchemaRegistry(metadata).register(subject, schema_def(kind, raw_schema), created_by=created_by,
+                                              description=description)
+    return found.schema_id, found.version
