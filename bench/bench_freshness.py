@@ -34,11 +34,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from danube_core.metadata import EtcdMetadataStore  # noqa: E402
+from danube_core.schema_registry import register_schema  # noqa: E402
 from pipelines.config import parse_config  # noqa: E402
 from pipelines.demo import ORDER_SCHEMA  # noqa: E402
 from pipelines.embedded import EmbeddedStack  # noqa: E402
 from pipelines.runner import PipelineRunner  # noqa: E402
-from danube_core.schema_registry import register_schema  # noqa: E402
 from pipelines.session import build_session  # noqa: E402
 
 WARMUP = 200  # messages processed before measuring (first batches pay JIT and GE start-up)

@@ -23,11 +23,11 @@ import yaml
 from danube_core.keys import cursor_key
 from danube_core.metadata import EtcdMetadataStore
 from danube_core.records import parse_cursor
+from danube_core.schema_registry import register_schema
 from pipelines.config import load_config
 from pipelines.demo import ORDER_SCHEMA, PIPELINE_FILE, produce, sample_orders
 from pipelines.embedded import REPO_ROOT, EmbeddedStack
 from pipelines.runner import PipelineRunner
-from danube_core.schema_registry import register_schema
 from tests.rig import eventually
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

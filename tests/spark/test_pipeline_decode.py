@@ -20,9 +20,9 @@ from danube_core.keys import cursor_key
 from danube_core.metadata import EtcdMetadataStore, MetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import parse_cursor
+from danube_core.schema_registry import register_schema
 from pipelines.config import PipelineConfig, parse_config
 from pipelines.runner import PipelineRunner
-from danube_core.schema_registry import register_schema
 from tests.topic_builder import TopicBuilder
 
 pytestmark = pytest.mark.spark

@@ -7,8 +7,8 @@ import json
 import pytest
 from delta.tables import DeltaTable
 
-from pipelines.runner import PipelineRunner
 from danube_core.schema_registry import register_schema
+from pipelines.runner import PipelineRunner
 from tests.rig import eventually
 from tests.spark.test_pipeline_decode import ORDER_SCHEMA, ids, lake, order  # noqa: F401 (fixture)
 
