@@ -174,7 +174,8 @@ def _print_table(rows: list[dict]) -> None:
     print("-" * len(header))
     for row in rows:
         print(f"{row['target']:<10}{row['producers']:>10}{row['messages']:>10}{row['msgs_per_s']:>10}"
-              f"{row['p50_ms']:>9}{row['p99_ms']:>9}{row['client_cpu_us_per_msg']:>15}{row['server_cpu_us_per_msg']:>15}"
+              f"{row['p50_ms']:>9}{row['p99_ms']:>9}"
+              f"{row['client_cpu_us_per_msg']:>15}{row['server_cpu_us_per_msg']:>15}"
               f"{row.get('ratio', ''):>8}")
 
 
@@ -195,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for producers in (1, 4):
-            base = run_case(f"http://127.0.0.1:{baseline_port}", "/default/bench", producers, args.messages, args.in_flight,
-                            baseline.pid)
+            base = run_case(f"http://127.0.0.1:{baseline_port}", "/default/bench", producers, args.messages,
+                            args.in_flight, baseline.pid)
             rows.append({"target": "no-op", **base})
             real = run_case(url, f"/default/ingest-{producers}p", producers, args.messages, args.in_flight, broker.pid)
             rows.append({"target": "broker", **real, "ratio": round(real["msgs_per_s"] / base["msgs_per_s"], 2)})

@@ -113,7 +113,8 @@ class SchemaRegistryService(pb_grpc.SchemaRegistryServicer):
     async def DeleteSchemaVersion(self, request: pb.DeleteSchemaVersionRequest,
                                   context: Any) -> pb.DeleteSchemaVersionResponse:
         await _call(self._registry.delete_version, request.subject, request.version)
-        return pb.DeleteSchemaVersionResponse(success=True, message=f"deleted {request.subject} version {request.version}")
+        return pb.DeleteSchemaVersionResponse(success=True,
+                                              message=f"deleted {request.subject} version {request.version}")
 
     @translated
     async def SetCompatibilityMode(self, request: pb.SetCompatibilityModeRequest,

@@ -66,7 +66,8 @@ def schema_def(type_name: str, definition: str) -> SchemaDef:
     """A `schema_def` from a client's type name and definition text, checked and fingerprinted."""
     kind = CLIENT_TYPE_NAMES.get(type_name.lower()) or (type_name if type_name in KIND_CLIENT_NAMES else None)
     if kind is None:
-        raise InvalidSchemaError(f"schema_type {type_name!r}: expected one of {', '.join(sorted(KIND_CLIENT_NAMES.values()))}")
+        accepted = ", ".join(sorted(KIND_CLIENT_NAMES.values()))
+        raise InvalidSchemaError(f"schema_type {type_name!r}: expected one of {accepted}")
     if kind in SIMPLE_SCHEMA_TYPES:
         return SchemaDef(kind)
     if not definition.strip():
@@ -97,14 +98,17 @@ class SchemaRegistry:
         return SchemaMetadata.from_json(raw, key)
 
     def version(self, subject: str, number: int | None = None) -> tuple[SchemaMetadata, SchemaVersion]:
-        """A subject's version `number` (its latest when None)."""
+        """A subject's metadata and its version `number` (its latest when None)."""
         meta = self.subject(subject)
-        number = meta.latest_version if number is None else number
+        return meta, self.version_record(subject, meta.latest_version if number is None else number)
+
+    def version_record(self, subject: str, number: int) -> SchemaVersion:
+        """`/schemas/{subject}/versions/{number}` alone (versions never change once registered)."""
         key = schema_version_key(subject, number)
         raw = self.metadata.get(key)
         if raw is None:
             raise SchemaNotFoundError(f"schema registry subject {subject!r} has no version {number} (etcd key {key!r})")
-        return meta, SchemaVersion.from_json(raw, key)
+        return SchemaVersion.from_json(raw, key)
 
     def subject_of(self, schema_id: int) -> str:
         key = schema_index_key(schema_id)
@@ -150,7 +154,8 @@ class SchemaRegistry:
                         f"schema for subject {subject!r} is not {self.mode(subject)}-compatible with version "
                         f"{current.latest_version}: " + "; ".join(errors))
                 number = current.latest_version + 1
-            version = SchemaVersion(number, definition, fingerprint, now, created_by, description, tags=list(tags or []))
+            version = SchemaVersion(number, definition, fingerprint, now, created_by, description,
+                                    tags=list(tags or []))
             if current is None:
                 schema_id = self._next_schema_id()
                 current = SchemaMetadata(schema_id, subject, 0, now, now, created_by)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from danube_core.errors import ConfigError, MetadataError
-from danube_core.keys import schema_metadata_key, schema_version_key
+from danube_core.errors import ConfigError
 from danube_core.metadata import MetadataStore
 from danube_core.schema_records import SchemaMetadata, SchemaVersion
+from danube_core.schema_registry import SchemaNotFoundError, SchemaRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -23,19 +23,15 @@ class SubjectSchemas:
     """Read-only view of one registry subject (driver side; one etcd read per new version)."""
 
     def __init__(self, metadata: MetadataStore, subject: str) -> None:
-        self.metadata = metadata
+        self.registry = SchemaRegistry(metadata)
         self.subject = subject
         self._versions: dict[int, SchemaVersion] = {}
 
     def subject_metadata(self) -> SchemaMetadata:
-        key = schema_metadata_key(self.subject)
-        raw = self.metadata.get(key)
-        if raw is None:
-            raise ConfigError(
-                f"schema registry subject {self.subject!r} does not exist (etcd key {key!r} is missing); "
-                "register the schema first or fix decode.subject"
-            )
-        return SchemaMetadata.from_json(raw, key)
+        try:
+            return self.registry.subject(self.subject)
+        except SchemaNotFoundError as exc:
+            raise ConfigError(f"{exc}; register the schema first or fix decode.subject") from exc
 
     def schema_id(self) -> int:
         return self.subject_metadata().id
@@ -44,15 +40,9 @@ class SubjectSchemas:
         return self.subject_metadata().latest_version
 
     def version(self, number: int) -> SchemaVersion:
-        """Version `number` of the subject; MetadataError naming the key if it is missing."""
+        """Version `number` of the subject; SchemaNotFoundError naming the key if it is missing."""
         if number not in self._versions:
-            key = schema_version_key(self.subject, number)
-            raw = self.metadata.get(key)
-            if raw is None:
-                raise MetadataError(
-                    f"schema registry: subject {self.subject!r} has no version {number} (etcd key {key!r})"
-                )
-            self._versions[number] = SchemaVersion.from_json(raw, key)
+            self._versions[number] = self.registry.version_record(self.subject, number)
             logger.info("loaded schema %s version %d (%s)", self.subject, number,
                         self._versions[number].schema_def.kind)
         return self._versions[number]

@@ -151,3 +151,26 @@ def spark():
     yield session
     session.stop()
     shutil.rmtree(warehouse, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fake_registrations_removed(request) -> Iterator[None]:
+    """After each test module, remove the fake broker registrations its TopicBuilders left in etcd.
+
+    They carry no lease, so they would outlive the module, and the leader of a later module's
+    real broker could place topics on a broker that does not exist. (Per module, not per test:
+    module fixtures keep builders for all their tests.) The stores the builders used may be
+    closed by now, so a store of this fixture's own does the deleting.
+    """
+    yield
+    from danube_core.keys import register_key
+    from danube_core.metadata import EtcdMetadataStore
+    from tests.topic_builder import TopicBuilder
+
+    left = {broker_id for builder in TopicBuilder.unclosed for broker_id in builder.registered
+            if isinstance(builder.metadata, EtcdMetadataStore)}
+    TopicBuilder.unclosed.clear()
+    if left:
+        with EtcdMetadataStore(request.getfixturevalue("etcd_endpoint")) as store:
+            for broker_id in left:
+                store.delete(register_key(broker_id))

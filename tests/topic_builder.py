@@ -32,7 +32,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 from danube_core import keys
 from danube_core.checkpoints import UploaderCheckpoint, WalCheckpoint, write_checkpoint
@@ -75,6 +75,10 @@ class _Generation:
 class TopicBuilder:
     """Writes one topic's WAL, objects and etcd keys the way the broker does (see module doc)."""
 
+    # Builders whose fake broker registrations are still in etcd; the conftest removes them
+    # after each test module, so a real broker's leader never assigns a later test's topic to them.
+    unclosed: "ClassVar[list[TopicBuilder]]" = []
+
     def __init__(
         self,
         metadata: MetadataStore,
@@ -99,6 +103,7 @@ class TopicBuilder:
         self.messages: dict[int, StreamMessage] = {}
         self.descriptors: list[ObjectDescriptor] = []
         self.registered: set[int] = set()
+        TopicBuilder.unclosed.append(self)
         self._request_id = 0
         self._clock = int(time.time())
         self._put_topic_keys()
@@ -269,6 +274,8 @@ class TopicBuilder:
         """Remove the cluster-wide registrations this builder wrote (test hygiene)."""
         for broker_id in list(self.registered):
             self.unregister(broker_id)
+        if self in TopicBuilder.unclosed:
+            TopicBuilder.unclosed.remove(self)
 
     def crash_restart(self, broker_id: int) -> None:
         """A same-host restart without seal (§6.6): new broker id, offsets from 0 again, the

@@ -7,13 +7,17 @@ intervals are short so failover tests finish in seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
+import grpc
+import pytest
 import yaml
 
 from broker.embedded_etcd import free_port
@@ -121,3 +125,24 @@ def run_admin(etcd_endpoint: str, *args: str) -> list[dict]:
     )
     assert result.returncode == 0, f"admin {args} failed ({result.returncode}): {result.stderr}"
     return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def running_broker(etcd_endpoint: str, tmp_path_factory: Any, label: str) -> Iterator[BrokerProcess]:
+    """One started broker with its own WAL and cloud directories, stopped on exit (module fixtures)."""
+    proc = BrokerProcess(etcd_endpoint, tmp_path_factory.mktemp(label), "a",
+                         str(tmp_path_factory.mktemp(f"{label}-cloud"))).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+async def expect_status(code: grpc.StatusCode, call: Any, *words: str) -> str:
+    """Await a gRPC call that must fail with `code` and details naming every one of `words`."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert info.value.code() == code, info.value.details()
+    for word in words:
+        assert word in info.value.details()
+    return info.value.details()

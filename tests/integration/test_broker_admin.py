@@ -12,7 +12,7 @@ from danube import DanubeClientBuilder, DispatchStrategy, SubType
 from danube_core.keys import assignment_key, delivery_key, namespace_topic_key
 from danube_core.metadata import EtcdMetadataStore
 from danube_core.topics import TopicName
-from tests.integration.broker_process import BrokerProcess, run_admin
+from tests.integration.broker_process import run_admin, running_broker
 from tests.rig import eventually
 
 pytestmark = pytest.mark.integration
@@ -20,10 +20,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def broker(etcd_endpoint, tmp_path_factory):
-    proc = BrokerProcess(etcd_endpoint, tmp_path_factory.mktemp("admin"), "a",
-                         str(tmp_path_factory.mktemp("admin-cloud"))).start()
-    yield proc
-    proc.stop()
+    with running_broker(etcd_endpoint, tmp_path_factory, "admin") as proc:
+        yield proc
 
 
 def _owners(etcd_endpoint: str, namespace: str) -> dict[str, int | None]:

@@ -14,7 +14,7 @@ from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_core.keys import namespace_policy_key
 from danube_core.metadata import EtcdMetadataStore
 from danube_core.records import Policies
-from tests.integration.broker_process import BrokerProcess
+from tests.integration.broker_process import expect_status, running_broker
 
 pytestmark = pytest.mark.integration
 
@@ -23,10 +23,8 @@ MAX_MESSAGE_SIZE = 1024
 
 @pytest.fixture(scope="module")
 def broker(etcd_endpoint, tmp_path_factory):
-    proc = BrokerProcess(etcd_endpoint, tmp_path_factory.mktemp("bad-input"), "a",
-                         str(tmp_path_factory.mktemp("bad-input-cloud"))).start()
-    yield proc
-    proc.stop()
+    with running_broker(etcd_endpoint, tmp_path_factory, "bad-input") as proc:
+        yield proc
 
 
 def _small_namespace(etcd_endpoint: str, namespace: str) -> None:
@@ -47,15 +45,6 @@ def _message(producer_id: int, topic: str, payload: bytes, request_id: int = 1) 
                             msg_id=pb.MsgID(producer_id=producer_id, topic_name=topic, broker_addr="x"))
 
 
-async def _expect(code: grpc.StatusCode, call, *words: str) -> str:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call
-    assert info.value.code() == code, info.value.details()
-    for word in words:
-        assert word in info.value.details()
-    return info.value.details()
-
-
 def test_bad_requests_get_clear_statuses_and_store_nothing(broker, etcd_endpoint, unique_name):
     namespace = unique_name("ns").replace("-", "_")
     _small_namespace(etcd_endpoint, namespace)
@@ -68,24 +57,26 @@ def test_bad_requests_get_clear_statuses_and_store_nothing(broker, etcd_endpoint
             producers = pb_grpc.ProducerServiceStub(channel)
             consumers = pb_grpc.ConsumerServiceStub(channel)
             discovery = pb_grpc.DiscoveryStub(channel)
-            await _expect(grpc.StatusCode.NOT_FOUND, producers.SendMessage(_message(12345, topic, b"x")),
-                          "producer 12345")
-            await _expect(grpc.StatusCode.INVALID_ARGUMENT,
-                          producers.SendMessage(_message(producer_id, topic, b"x" * (MAX_MESSAGE_SIZE + 1))),
-                          str(MAX_MESSAGE_SIZE + 1), "max_message_size")
+            await expect_status(grpc.StatusCode.NOT_FOUND, producers.SendMessage(_message(12345, topic, b"x")),
+                                "producer 12345")
+            await expect_status(grpc.StatusCode.INVALID_ARGUMENT,
+                                producers.SendMessage(_message(producer_id, topic, b"x" * (MAX_MESSAGE_SIZE + 1))),
+                                str(MAX_MESSAGE_SIZE + 1), "max_message_size")
             for bad_name in ("no-slash", "/a/b/c", "/ns/has space"):
                 request = pb.ProducerRequest(request_id=1, producer_name="p", topic_name=bad_name, dispatch_strategy=1)
-                await _expect(grpc.StatusCode.INVALID_ARGUMENT, producers.CreateProducer(request), "invalid topic name")
+                await expect_status(grpc.StatusCode.INVALID_ARGUMENT, producers.CreateProducer(request),
+                                    "invalid topic name")
             missing = pb.ProducerRequest(request_id=1, producer_name="p", topic_name=f"/{unique_name('nons')}/t",
                                          dispatch_strategy=1)
-            await _expect(grpc.StatusCode.NOT_FOUND, producers.CreateProducer(missing), "namespace")
-            await _expect(grpc.StatusCode.INVALID_ARGUMENT,
-                          discovery.TopicLookup(pb.TopicLookupRequest(request_id=1, topic="bad")), "invalid topic name")
+            await expect_status(grpc.StatusCode.NOT_FOUND, producers.CreateProducer(missing), "namespace")
+            await expect_status(grpc.StatusCode.INVALID_ARGUMENT,
+                                discovery.TopicLookup(pb.TopicLookupRequest(request_id=1, topic="bad")),
+                                "invalid topic name")
             bad_type = pb.ConsumerRequest(request_id=1, topic_name=topic, consumer_name="c", subscription="s",
                                           subscription_type=3)
-            await _expect(grpc.StatusCode.INVALID_ARGUMENT, consumers.Subscribe(bad_type), "subscription type 3")
+            await expect_status(grpc.StatusCode.INVALID_ARGUMENT, consumers.Subscribe(bad_type), "subscription type 3")
             stream = consumers.ReceiveMessages(pb.ReceiveRequest(request_id=1, consumer_id=4242))
-            await _expect(grpc.StatusCode.NOT_FOUND, stream.read(), "consumer 4242")
+            await expect_status(grpc.StatusCode.NOT_FOUND, stream.read(), "consumer 4242")
         # The broker is still up and offsets stayed contiguous: nothing partial was stored.
         consumer = (client.new_consumer().with_topic(topic).with_consumer_name("c")
                     .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build())

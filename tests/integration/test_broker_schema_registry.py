@@ -17,7 +17,7 @@ from danube_core.keys import (
 from danube_core.metadata import EtcdMetadataStore
 from danube_core.schema_records import SchemaCompatibility, SchemaIndexEntry, SchemaMetadata, SchemaVersion
 from danube_core.topics import TopicName
-from tests.integration.broker_process import BrokerProcess
+from tests.integration.broker_process import expect_status, running_broker
 
 pytestmark = pytest.mark.integration
 
@@ -29,10 +29,8 @@ V3 = {**V2, "required": ["order_id", "amount", "currency"],
 
 @pytest.fixture(scope="module")
 def broker(etcd_endpoint, tmp_path_factory):
-    proc = BrokerProcess(etcd_endpoint, tmp_path_factory.mktemp("schemas"), "a",
-                         str(tmp_path_factory.mktemp("schemas-cloud"))).start()
-    yield proc
-    proc.stop()
+    with running_broker(etcd_endpoint, tmp_path_factory, "schemas") as proc:
+        yield proc
 
 
 def _text(schema: dict) -> bytes:
@@ -42,14 +40,6 @@ def _text(schema: dict) -> bytes:
 async def _register(client, subject: str, schema: dict) -> int:
     return await (client.schema().register_schema(subject).with_type(SchemaType.JSON_SCHEMA)
                   .with_schema_data(_text(schema)).execute())
-
-
-async def _expect(code: grpc.StatusCode, call, *words: str) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call
-    assert info.value.code() == code, info.value.details()
-    for word in words:
-        assert word in info.value.details()
 
 
 def test_subject_lifecycle_through_the_official_client(broker, etcd_endpoint, unique_name):
@@ -70,7 +60,7 @@ def test_subject_lifecycle_through_the_official_client(broker, etcd_endpoint, un
 
         compatible, errors = await registry.check_compatibility(subject, _text(V3), SchemaType.JSON_SCHEMA)
         assert not compatible and any("'currency' is required" in e for e in errors)
-        await _expect(grpc.StatusCode.FAILED_PRECONDITION, _register(client, subject, V3), "backward", "currency")
+        await expect_status(grpc.StatusCode.FAILED_PRECONDITION, _register(client, subject, V3), "backward", "currency")
         assert await registry.list_versions(subject) == [1, 2]
 
         assert (await registry.set_compatibility_mode(subject, CompatibilityMode.NONE))[0]
@@ -129,26 +119,27 @@ def test_bad_schema_requests_get_clear_statuses(broker, unique_name):
         async with grpc.aio.insecure_channel(broker.url.removeprefix("http://")) as channel:
             stub = pb_grpc.SchemaRegistryStub(channel)
             register = pb.RegisterSchemaRequest
-            await _expect(grpc.StatusCode.INVALID_ARGUMENT,
-                          stub.RegisterSchema(register(subject=subject, schema_type="xml", schema_definition=b"<a/>")),
-                          "schema_type", "'xml'")
-            await _expect(grpc.StatusCode.INVALID_ARGUMENT,
-                          stub.RegisterSchema(register(subject=subject, schema_type="json_schema",
+            await expect_status(grpc.StatusCode.INVALID_ARGUMENT,
+                                stub.RegisterSchema(register(subject=subject, schema_type="xml",
+                                                             schema_definition=b"<a/>")),
+                                "schema_type", "'xml'")
+            await expect_status(grpc.StatusCode.INVALID_ARGUMENT,
+                                stub.RegisterSchema(register(subject=subject, schema_type="json_schema",
                                                        schema_definition=b"{not json")),
-                          "schema_definition", "not valid JSON")
-            await _expect(grpc.StatusCode.INVALID_ARGUMENT,
-                          stub.RegisterSchema(register(subject="", schema_type="string")), "subject")
-            await _expect(grpc.StatusCode.NOT_FOUND, stub.GetLatestSchema(pb.GetLatestSchemaRequest(subject=subject)),
-                          subject)
-            await _expect(grpc.StatusCode.NOT_FOUND, stub.GetSchema(pb.GetSchemaRequest(schema_id=2**63)),
-                          str(2**63))
+                                "schema_definition", "not valid JSON")
+            await expect_status(grpc.StatusCode.INVALID_ARGUMENT,
+                                stub.RegisterSchema(register(subject="", schema_type="string")), "subject")
+            await expect_status(grpc.StatusCode.NOT_FOUND,
+                                stub.GetLatestSchema(pb.GetLatestSchemaRequest(subject=subject)), subject)
+            await expect_status(grpc.StatusCode.NOT_FOUND, stub.GetSchema(pb.GetSchemaRequest(schema_id=2**63)),
+                                str(2**63))
             await stub.RegisterSchema(register(subject=subject, schema_type="string"))
-            await _expect(grpc.StatusCode.FAILED_PRECONDITION,
-                          stub.DeleteSchemaVersion(pb.DeleteSchemaVersionRequest(subject=subject, version=1)),
-                          "only version")
-            await _expect(grpc.StatusCode.INVALID_ARGUMENT, stub.SetCompatibilityMode(
+            await expect_status(grpc.StatusCode.FAILED_PRECONDITION,
+                                stub.DeleteSchemaVersion(pb.DeleteSchemaVersionRequest(subject=subject, version=1)),
+                                "only version")
+            await expect_status(grpc.StatusCode.INVALID_ARGUMENT, stub.SetCompatibilityMode(
                 pb.SetCompatibilityModeRequest(subject=subject, compatibility_mode="sideways")), "sideways")
-            await _expect(grpc.StatusCode.UNIMPLEMENTED, stub.ConfigureTopicSchema(
+            await expect_status(grpc.StatusCode.UNIMPLEMENTED, stub.ConfigureTopicSchema(
                 pb.ConfigureTopicSchemaRequest(topic_name="/default/t", schema_subject=subject)), "not supported")
 
     asyncio.run(scenario())
