@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import queue
 import statistics
 import sys
 import tempfile
@@ -128,13 +129,40 @@ def _publisher_process(service_url: str, topic: str, rate: int, seconds: float, 
     out.put(asyncio.run(publish(service_url, topic, rate, seconds, first)))
 
 
+class Publisher:
+    """`publish` in its own process, as a producing application would run: its gRPC calls then
+    share the machine's cores with Spark but not the driver's Python interpreter."""
+
+    def __init__(self, service_url: str, topic: str, rate: int, seconds: float, first: int = 0) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._results: multiprocessing.Queue = ctx.Queue()
+        self._process = ctx.Process(target=_publisher_process,
+                                    args=(service_url, topic, rate, seconds, first, self._results))
+        self._limit_s = seconds + 300.0
+
+    def start(self) -> None:
+        self._process.start()
+
+    def result(self) -> tuple[int, float]:
+        """(sent, achieved rate) once publishing ends; fails at once if the process died."""
+        deadline = time.monotonic() + self._limit_s
+        while True:
+            try:
+                found = self._results.get(timeout=1.0)
+            except queue.Empty:
+                if not self._process.is_alive():
+                    raise RuntimeError(f"the publisher exited with code {self._process.exitcode} "
+                                       "before reporting") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the publisher did not finish within {self._limit_s:.0f}s") from None
+                continue
+            self._process.join(60)
+            return found
+
+
 def run_phase(spark, stack: EmbeddedStack, root: Path, label: str, rules: list | None, rate: int, seconds: float,
               warmup_s: float) -> dict:
-    """Create the tables on WARMUP messages, then publish at `rate`; measure after `warmup_s`.
-
-    The publisher is its own process, as a producing application would be: its gRPC calls
-    then share the machine's cores with Spark but not the driver's Python interpreter.
-    """
+    """Create the tables on WARMUP messages, then publish at `rate`; measure after `warmup_s`."""
     topic, name = f"/default/bench-{label}", f"bench-{label}"
     with EtcdMetadataStore(stack.etcd_endpoint) as metadata:
         register_schema(metadata, name, "JsonSchema", json.dumps(ORDER_SCHEMA))
@@ -157,15 +185,12 @@ def run_phase(spark, stack: EmbeddedStack, root: Path, label: str, rules: list |
     runner.start()
     try:
         wait_for_rows(runner, warm)
-        results: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()
-        publisher = multiprocessing.get_context("spawn").Process(
-            target=_publisher_process, args=(stack.service_url, topic, rate, warmup_s + seconds, warm, results))
+        publisher = Publisher(stack.service_url, topic, rate, warmup_s + seconds, warm)
         measure_from = time.time() + warmup_s
         batches_before: list[int] = []  # batches committed during the warm-up
         threading.Timer(warmup_s, lambda: batches_before.append(len(runner.metrics.reports))).start()
         publisher.start()
-        sent, achieved = results.get(timeout=warmup_s + seconds + 300)
-        publisher.join(60)
+        sent, achieved = publisher.result()
         wait_for_rows(runner, warm + sent)
     finally:
         runner.stop()
@@ -185,20 +210,17 @@ def run_spark_baseline(spark, stack: EmbeddedStack, root: Path, rate: int, secon
     from pyspark.sql import functions as F
 
     target = root / "spark-rate" / "target"
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")  # keep every batch's progress
     query = (spark.readStream.format("rate").option("rowsPerSecond", rate).load()
              .writeStream.format("delta").option("checkpointLocation", str(root / "spark-rate" / "checkpoint"))
              .trigger(processingTime="500 milliseconds").start(str(target)))
     watcher = CommitWatcher(target)
     watcher.start()
     try:
-        results: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()
-        publisher = multiprocessing.get_context("spawn").Process(
-            target=_publisher_process, args=(stack.service_url, "/default/bench-load", rate, warmup_s + seconds, 0,
-                                             results))
+        publisher = Publisher(stack.service_url, "/default/bench-load", rate, warmup_s + seconds)
         measure_from = time.time() + warmup_s
         publisher.start()
-        _, achieved = results.get(timeout=warmup_s + seconds + 300)
-        publisher.join(60)
+        _, achieved = publisher.result()
         time.sleep(3.0)  # the last rows' batch
     finally:
         query.stop()
@@ -207,14 +229,14 @@ def run_spark_baseline(spark, stack: EmbeddedStack, root: Path, rate: int, secon
     files = watcher.files_visible_at()
     rows = (spark.read.format("delta").load(str(target))
             .select(F.col("timestamp"), F.col("_metadata.file_name").alias("file")).collect())
-    latencies = sorted(files[r["file"]] - r["timestamp"].timestamp() for r in rows
-                       if r["timestamp"].timestamp() >= measure_from and r["file"] in files)
+    measured = [r for r in rows if r["timestamp"].timestamp() >= measure_from]
+    latencies = sorted(files[r["file"]] - r["timestamp"].timestamp() for r in measured if r["file"] in files)
     batches = [p for p in query.recentProgress if p.numInputRows
                and _epoch(p.timestamp) >= measure_from]
     return {
         "label": "spark_rate",
         "achieved_rate_msgs_s": round(achieved, 1),
-        "rows": len(latencies),
+        "rows": len(measured),
         "batches": len(batches),
         "p50_s": round(statistics.median(latencies), 3) if latencies else None,
         "p99_s": round(latencies[int(0.99 * (len(latencies) - 1))], 3) if latencies else None,
@@ -297,7 +319,8 @@ def main() -> int:
     out = REPO / "bench" / "results" / "freshness.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
-    print(f"{'phase':<12} {'rate/s':>8} {'rows':>7} {'batches':>8} {'p50 s':>7} {'p99 s':>7} {'batch s':>8} {'GE s':>6}")
+    print(f"{'phase':<12} {'rate/s':>8} {'rows':>7} {'batches':>8} {'p50 s':>7} {'p99 s':>7} "
+          f"{'batch s':>8} {'GE s':>6}")
     for r in results:
         print(f"{r['label']:<12} {r['achieved_rate_msgs_s']:>8} {r['rows']:>7} {r['batches']:>8} {r['p50_s']!s:>7} "
               f"{r['p99_s']!s:>7} {r['mean_batch_s']!s:>8} {r['mean_expectations_s']!s:>6}")

@@ -18,6 +18,7 @@ from danube.proto import SchemaRegistry_pb2 as pb
 from danube.proto import SchemaRegistry_pb2_grpc as pb_grpc
 
 from danube_core.metadata import MetadataStore
+from danube_core.schema_compat import MODES
 from danube_core.schema_records import SchemaDef, SchemaMetadata, SchemaVersion
 from danube_core.schema_registry import (
     KIND_CLIENT_NAMES, IncompatibleSchemaError, InvalidSchemaError, SchemaNotFoundError, SchemaRegistry, schema_def,
@@ -102,11 +103,11 @@ class SchemaRegistryService(pb_grpc.SchemaRegistryServicer):
     async def CheckCompatibility(self, request: pb.CheckCompatibilityRequest,
                                  context: Any) -> pb.CheckCompatibilityResponse:
         definition = _definition(request.schema_type, request.new_schema_definition, "new_schema_definition")
-        mode = request.compatibility_mode if request.HasField("compatibility_mode") else None
-        try:
-            errors = await _call(self._registry.check, request.subject, definition, mode)
-        except ValueError as exc:  # an unknown mode name
-            raise InvalidRequestError(f"compatibility_mode: {exc}") from exc
+        mode = request.compatibility_mode.lower() if request.HasField("compatibility_mode") else None
+        if mode is not None and mode not in MODES:
+            raise InvalidRequestError(f"compatibility_mode {request.compatibility_mode!r}: expected one of "
+                                      f"{', '.join(MODES)}")
+        errors = await _call(self._registry.check, request.subject, definition, mode)
         return pb.CheckCompatibilityResponse(is_compatible=not errors, errors=errors)
 
     @translated

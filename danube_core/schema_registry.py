@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import time
+from typing import Any, Callable
 
 from danube_core.errors import DanubeError
 from danube_core.keys import (
@@ -75,9 +77,28 @@ def schema_def(type_name: str, definition: str) -> SchemaDef:
     if kind == "Protobuf":
         return SchemaDef(kind, definition, "sha256:" + hashlib.sha256(definition.encode()).hexdigest())
     try:
-        return SchemaDef(kind, definition, json_schema_fingerprint(definition))
+        fingerprint = json_schema_fingerprint(definition)
     except ValueError as exc:
         raise InvalidSchemaError(f"the {kind} schema_definition is not valid JSON: {exc}") from exc
+    _check_shape(kind, json.loads(definition))
+    return SchemaDef(kind, definition, fingerprint)
+
+
+def _check_shape(kind: str, parsed: Any) -> None:
+    """The parts compatibility checks read must have the types JSON Schema / Avro give them."""
+    if not isinstance(parsed, dict):
+        return
+    if kind == "JsonSchema":
+        if not isinstance(parsed.get("properties", {}), dict):
+            raise InvalidSchemaError("the JsonSchema's \"properties\" must be an object")
+        required = parsed.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
+            raise InvalidSchemaError("the JsonSchema's \"required\" must be an array of field names")
+    elif parsed.get("type") == "record":
+        fields = parsed.get("fields")
+        if not isinstance(fields, list) or not all(isinstance(f, dict) and isinstance(f.get("name"), str)
+                                                   for f in fields):
+            raise InvalidSchemaError("the Avro record's \"fields\" must be an array of objects with a string \"name\"")
 
 
 def fingerprint_of(definition: SchemaDef) -> str:
@@ -98,17 +119,21 @@ class SchemaRegistry:
         return SchemaMetadata.from_json(raw, key)
 
     def version(self, subject: str, number: int | None = None) -> tuple[SchemaMetadata, SchemaVersion]:
-        """A subject's metadata and its version `number` (its latest when None)."""
-        meta = self.subject(subject)
-        return meta, self.version_record(subject, meta.latest_version if number is None else number)
+        """A subject's metadata and its version `number` (its latest when None).
 
-    def version_record(self, subject: str, number: int) -> SchemaVersion:
-        """`/schemas/{subject}/versions/{number}` alone (versions never change once registered)."""
+        The metadata's own copy of the version is used: it is written first (by compare-and-put)
+        and `/versions/{n}` right after, so a version just registered is found either way.
+        """
+        meta = self.subject(subject)
+        number = meta.latest_version if number is None else number
+        listed = next((v for v in meta.versions if v.version == number), None)
+        if listed is not None:
+            return meta, listed
         key = schema_version_key(subject, number)
         raw = self.metadata.get(key)
         if raw is None:
             raise SchemaNotFoundError(f"schema registry subject {subject!r} has no version {number} (etcd key {key!r})")
-        return SchemaVersion.from_json(raw, key)
+        return meta, SchemaVersion.from_json(raw, key)
 
     def subject_of(self, schema_id: int) -> str:
         key = schema_index_key(schema_id)
@@ -132,7 +157,13 @@ class SchemaRegistry:
 
     def register(self, subject: str, definition: SchemaDef, *, created_by: str = "danube-spark",
                  description: str = "", tags: list[str] | None = None) -> Registration:
-        """Add `definition` to `subject` (creating it), or return the version that has it already."""
+        """Add `definition` to `subject` (creating it), or return the version that has it already.
+
+        The subject's metadata is the commit point: it is replaced by compare-and-put, so of two
+        concurrent registrations one gets the next number and the other tries again after it.
+        Only the winner then writes `/versions/{n}` (and, for a new subject, the id index); an
+        id taken by a loser for a new subject stays unused.
+        """
         if not subject:
             raise InvalidSchemaError("subject must not be empty")
         fingerprint = fingerprint_of(definition)
@@ -157,36 +188,49 @@ class SchemaRegistry:
             version = SchemaVersion(number, definition, fingerprint, now, created_by, description,
                                     tags=list(tags or []))
             if current is None:
-                schema_id = self._next_schema_id()
-                current = SchemaMetadata(schema_id, subject, 0, now, now, created_by)
-                self.metadata.put(schema_index_key(schema_id), SchemaIndexEntry(schema_id, subject).to_json())
+                current = SchemaMetadata(self._next_schema_id(), subject, 0, now, now, created_by)
             updated = dataclasses.replace(current, latest_version=number, updated_at=now,
                                           versions=[*current.versions, version])
+            if not self.metadata.compare_and_put(key, raw, updated.to_json()):
+                continue  # another registration or change came first: look again
             self.metadata.put(schema_version_key(subject, number), version.to_json())
-            if self.metadata.compare_and_put(key, raw, updated.to_json()):
-                logger.info("registered %s schema %s version %d (id %d)", definition.kind, subject, number, updated.id)
-                return Registration(updated.id, number, True, fingerprint)
+            if raw is None:
+                self.metadata.put(schema_index_key(updated.id), SchemaIndexEntry(updated.id, subject).to_json())
+            logger.info("registered %s schema %s version %d (id %d)", definition.kind, subject, number, updated.id)
+            return Registration(updated.id, number, True, fingerprint)
 
     def set_mode(self, subject: str, mode: str) -> None:
         mode = mode.lower()
         if mode not in MODES:
             raise InvalidSchemaError(f"compatibility_mode {mode!r}: expected one of {', '.join(MODES)}")
-        meta = self.subject(subject)
+        self._update(subject, lambda meta: dataclasses.replace(
+            meta, compatibility_mode=mode.capitalize(), updated_at=int(time.time())))
         self.metadata.put(schema_compatibility_key(subject), SchemaCompatibility(mode).to_json())
-        self.metadata.put(schema_metadata_key(subject), dataclasses.replace(
-            meta, compatibility_mode=mode.capitalize(), updated_at=int(time.time())).to_json())
 
     def delete_version(self, subject: str, number: int) -> None:
-        """Remove one version; the subject keeps at least one (its latest moves back if needed)."""
-        meta, _ = self.version(subject, number)
-        remaining = [v for v in meta.versions if v.version != number]
-        if not remaining:
-            raise IncompatibleSchemaError(f"version {number} is the only version of subject {subject!r}; "
-                                          "a subject keeps at least one version")
-        self.metadata.put(schema_metadata_key(subject), dataclasses.replace(
-            meta, versions=remaining, latest_version=max(v.version for v in remaining),
-            updated_at=int(time.time())).to_json())
+        """Remove an older version. The latest cannot go: a number must never name two schemas,
+        and messages already carry (schema id, version) pairs readers cache for good."""
+        def without(meta: SchemaMetadata) -> SchemaMetadata:
+            if number == meta.latest_version:
+                raise IncompatibleSchemaError(f"version {number} is the latest version of subject {subject!r}; "
+                                              "only older versions can be deleted")
+            if not any(v.version == number for v in meta.versions):
+                raise SchemaNotFoundError(f"schema registry subject {subject!r} has no version {number}")
+            return dataclasses.replace(meta, versions=[v for v in meta.versions if v.version != number],
+                                       updated_at=int(time.time()))
+
+        self._update(subject, without)
         self.metadata.delete(schema_version_key(subject, number))
+
+    def _update(self, subject: str, change: Callable[[SchemaMetadata], SchemaMetadata]) -> None:
+        """Replace the subject's metadata with `change(current)`, by compare-and-put (retried)."""
+        key = schema_metadata_key(subject)
+        while True:
+            raw = self.metadata.get(key)
+            if raw is None:
+                raise SchemaNotFoundError(f"schema registry subject {subject!r} does not exist (etcd key {key!r})")
+            if self.metadata.compare_and_put(key, raw, change(SchemaMetadata.from_json(raw, key)).to_json()):
+                return
 
     def _next_schema_id(self) -> int:
         """Take the global counter's value and bump it (atomically, unlike the broker's get-then-put)."""

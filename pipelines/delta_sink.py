@@ -66,8 +66,9 @@ class DeltaBatchWriter:
         timings: dict[str, float] = {}
         started = self.clock()
         prepared = prepare(batch).persist()
-        decoded = self.decoder.decode(prepared).persist()
+        decoded: DataFrame | None = None
         try:
+            decoded = self.decoder.decode(prepared).persist()
             summary = summarize(decoded)
             spans = summary.spans
             timings["decode"] = self.clock() - started
@@ -80,7 +81,8 @@ class DeltaBatchWriter:
             cursors = commit_cursors(self.reader_options, {t: s.end for t, s in spans.items()}, metadata=self.metadata)
             timings["cursor"] = self.clock() - mark
         finally:
-            decoded.unpersist()
+            if decoded is not None:
+                decoded.unpersist()
             prepared.unpersist()
         report = BatchReport(batch_id, summary.rows, counts["valid"], counts["decode"],
                              counts["expectations"], spans, cursors, quality, timings)

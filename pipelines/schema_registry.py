@@ -42,7 +42,7 @@ class SubjectSchemas:
     def version(self, number: int) -> SchemaVersion:
         """Version `number` of the subject; SchemaNotFoundError naming the key if it is missing."""
         if number not in self._versions:
-            self._versions[number] = self.registry.version_record(self.subject, number)
+            self._versions[number] = self.registry.version(self.subject, number)[1]
             logger.info("loaded schema %s version %d (%s)", self.subject, number,
                         self._versions[number].schema_def.kind)
         return self._versions[number]

@@ -61,7 +61,9 @@ class MotoS3Server:
 @pytest.fixture(scope="session")
 def etcd_server() -> Iterator[EmbeddedEtcd]:
     server = EmbeddedEtcd()
+    _RUNNING_ETCD.append(server)
     yield server
+    _RUNNING_ETCD.remove(server)
     server.stop()
 
 
@@ -153,8 +155,11 @@ def spark():
     shutil.rmtree(warehouse, ignore_errors=True)
 
 
+_RUNNING_ETCD: list[EmbeddedEtcd] = []  # the session's etcd once a test has started it
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _fake_registrations_removed(request) -> Iterator[None]:
+def _fake_registrations_removed() -> Iterator[None]:
     """After each test module, remove the fake broker registrations its TopicBuilders left in etcd.
 
     They carry no lease, so they would outlive the module, and the leader of a later module's
@@ -170,7 +175,7 @@ def _fake_registrations_removed(request) -> Iterator[None]:
     left = {broker_id for builder in TopicBuilder.unclosed for broker_id in builder.registered
             if isinstance(builder.metadata, EtcdMetadataStore)}
     TopicBuilder.unclosed.clear()
-    if left:
-        with EtcdMetadataStore(request.getfixturevalue("etcd_endpoint")) as store:
+    if left and _RUNNING_ETCD:
+        with EtcdMetadataStore(_RUNNING_ETCD[0].endpoint) as store:
             for broker_id in left:
                 store.delete(register_key(broker_id))

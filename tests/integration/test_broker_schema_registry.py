@@ -136,7 +136,7 @@ def test_bad_schema_requests_get_clear_statuses(broker, unique_name):
             await stub.RegisterSchema(register(subject=subject, schema_type="string"))
             await expect_status(grpc.StatusCode.FAILED_PRECONDITION,
                                 stub.DeleteSchemaVersion(pb.DeleteSchemaVersionRequest(subject=subject, version=1)),
-                                "only version")
+                                "latest version")
             await expect_status(grpc.StatusCode.INVALID_ARGUMENT, stub.SetCompatibilityMode(
                 pb.SetCompatibilityModeRequest(subject=subject, compatibility_mode="sideways")), "sideways")
             await expect_status(grpc.StatusCode.UNIMPLEMENTED, stub.ConfigureTopicSchema(
