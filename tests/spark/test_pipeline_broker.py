@@ -39,10 +39,12 @@ def stack(tmp_path_factory):
         yield running
 
 
-def publish(stack: EmbeddedStack, topic: str, count: int) -> list[tuple[bytes, bool]]:
+def publish(stack: EmbeddedStack, topic: str, count: int,
+            schema_subject: str | None = None) -> list[tuple[bytes, bool]]:
     """`count` sample orders, sent one at a time so message i gets offset i."""
     orders = sample_orders(count)
-    asyncio.run(produce(stack.service_url, topic, [p for p, _ in orders], concurrency=1))
+    asyncio.run(produce(stack.service_url, topic, [p for p, _ in orders], concurrency=1,
+                        schema_subject=schema_subject))
     return orders
 
 
@@ -78,8 +80,8 @@ def test_published_orders_land_in_delta_exactly(stack, spark, tmp_path, unique_n
     topic = f"/default/{unique_name('orders')}"
     with EtcdMetadataStore(stack.etcd_endpoint) as metadata:
         subject = unique_name("orders")
-        register_schema(metadata, subject, "JsonSchema", json.dumps(ORDER_SCHEMA))
-        orders = publish(stack, topic, 60)
+        schema_id, version = register_schema(metadata, subject, "JsonSchema", json.dumps(ORDER_SCHEMA))
+        orders = publish(stack, topic, 60, schema_subject=subject)  # stamped through the broker's registry
         config = load_config(pipeline_file(stack, tmp_path, unique_name("e2e"), topic, subject))
         runner = PipelineRunner(config, spark)
         try:
@@ -87,6 +89,8 @@ def test_published_orders_land_in_delta_exactly(stack, spark, tmp_path, unique_n
         finally:
             runner.stop()
         check_exactly_once(spark, config, orders, topic)
+        stamps = spark.read.format("delta").load(config.target.path).select("_schema_id", "_schema_version")
+        assert {tuple(r) for r in stamps.distinct().collect()} == {(schema_id, version)}
         key = cursor_key(topic, config.source.subscription)
         assert parse_cursor(metadata.get(key), key) == 59
 
