@@ -2,9 +2,9 @@
 
 The broker's `SchemaRegistry` gRPC service (which the demo uses), the benchmarks and the tests
 write subjects through this module, so the keys and JSON the real broker writes are produced
-in one place. A new subject
-takes `/schemas/_global/next_schema_id` (created as 1) and gets an index entry; each version is
-`/schemas/{subject}/versions/{n}` and the subject's metadata lists them. Registering a schema
+in one place. A new subject takes `/schemas/_global/next_schema_id` (created as 1) and gets an
+index entry; each version is `/schemas/{subject}/versions/{n}` and the subject's metadata
+lists them. Registering a schema
 whose fingerprint a version already has returns that version; a changed schema must pass the
 subject's compatibility mode (`danube_core.schema_compat`; Danube's default is Backward).
 
