@@ -4,9 +4,9 @@ The broker's `SchemaRegistry` gRPC service (which the demo uses), the benchmarks
 write subjects through this module, so the keys and JSON the real broker writes are produced
 in one place. A new subject takes `/schemas/_global/next_schema_id` (created as 1) and gets an
 index entry; each version is `/schemas/{subject}/versions/{n}` and the subject's metadata
-lists them. Registering a schema
-whose fingerprint a version already has returns that version; a changed schema must pass the
-subject's compatibility mode (`danube_core.schema_compat`; Danube's default is Backward).
+lists them. Registering a schema whose fingerprint a version already has returns that
+version; a changed schema must pass the subject's compatibility mode
+(`danube_core.schema_compat`; Danube's default is Backward).
 
 Fingerprints: `sha256:` of the compact, key-sorted JSON form for JSON Schema and Avro (Danube's
 for JSON Schema; for Avro Danube re-serialises through apache-avro, whose field order this does
