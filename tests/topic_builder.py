@@ -131,6 +131,17 @@ class TopicBuilder:
             ).to_json())
         self.metadata.put(keys.assignment_key(broker_id, self.topic), NULL_JSON)
 
+    @classmethod
+    def with_backlog(cls, metadata: MetadataStore, store: ObjectStore, wal_root: str, topic: str,
+                     uploaded: int, in_wal: int) -> "TopicBuilder":
+        """A topic on its own random broker: `uploaded` messages in objects, then `in_wal` more
+        only in the WAL (the shape a live topic has)."""
+        builder = cls(metadata, store, wal_root, topic, broker_id=secrets.randbits(63))
+        builder.append(uploaded)
+        builder.upload()
+        builder.append(in_wal)
+        return builder
+
     @property
     def wal_dir(self) -> str:
         return self.gen.wal_dir

@@ -7,7 +7,6 @@ each file's record count, and the subscription cursor is read from etcd.
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 from pathlib import Path
 
@@ -39,10 +38,7 @@ def test_spark_submit_runs_a_pipeline_on_a_local_master(etcd_endpoint, tmp_path,
     name = unique_name("submit")
     store = ObjectStore(str(tmp_path / "objects"))
     with EtcdMetadataStore(etcd_endpoint) as metadata:
-        topic = TopicBuilder(metadata, store, str(tmp_path / "wal"), f"/default/{name}", broker_id=random.getrandbits(63))
-        topic.append(30)
-        topic.upload()
-        topic.append(12)
+        topic = TopicBuilder.with_backlog(metadata, store, str(tmp_path / "wal"), f"/default/{name}", 30, 12)
         config = {
             "name": name,
             "source": {"etcd_endpoints": etcd_endpoint, "storage_url": store.url, "topics": [topic.name],

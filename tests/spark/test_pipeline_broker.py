@@ -65,6 +65,15 @@ def pipeline_file(stack: EmbeddedStack, root: Path, name: str, topic: str, subje
     return path
 
 
+def run_to_end(config, spark) -> None:
+    """Run an availableNow pipeline until it has read everything, then stop it."""
+    runner = PipelineRunner(config, spark)
+    try:
+        runner.run()
+    finally:
+        runner.stop()
+
+
 def check_exactly_once(spark, config, orders: list[tuple[bytes, bool]], topic: str) -> None:
     target = spark.read.format("delta").load(config.target.path).collect()
     quarantine = spark.read.format("delta").load(config.quarantine.path).collect()
@@ -83,11 +92,7 @@ def test_published_orders_land_in_delta_exactly(stack, spark, tmp_path, unique_n
         schema_id, version = register_schema(metadata, subject, "JsonSchema", json.dumps(ORDER_SCHEMA))
         orders = publish(stack, topic, 60, schema_subject=subject)  # stamped through the broker's registry
         config = load_config(pipeline_file(stack, tmp_path, unique_name("e2e"), topic, subject))
-        runner = PipelineRunner(config, spark)
-        try:
-            runner.run()
-        finally:
-            runner.stop()
+        run_to_end(config, spark)
         check_exactly_once(spark, config, orders, topic)
         stamps = spark.read.format("delta").load(config.target.path).select("_schema_id", "_schema_version")
         assert {tuple(r) for r in stamps.distinct().collect()} == {(schema_id, version)}
@@ -135,10 +140,6 @@ def test_driver_killed_mid_stream_restarts_exactly_once(stack, spark, tmp_path, 
         assert raw is None or parse_cursor(raw, key) <= in_delta, "cursor ahead of Delta"
 
         restarted = load_config(pipeline_file(stack, tmp_path, name, topic, subject))  # same name: same txnAppId
-        runner = PipelineRunner(restarted, spark)
-        try:
-            runner.run()
-        finally:
-            runner.stop()
+        run_to_end(restarted, spark)
         check_exactly_once(spark, restarted, orders, topic)
         assert parse_cursor(metadata.get(key), key) == 149

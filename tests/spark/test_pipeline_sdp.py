@@ -7,7 +7,6 @@ streaming table is checked through its Delta log (record counts of the added fil
 
 from __future__ import annotations
 
-import random
 import shutil
 import subprocess
 
@@ -29,10 +28,7 @@ def test_declarative_pipeline_streams_a_topic_into_a_delta_table(etcd_endpoint, 
     name = unique_name("sdp")
     store = ObjectStore(str(tmp_path / "objects"))
     with EtcdMetadataStore(etcd_endpoint) as metadata:
-        topic = TopicBuilder(metadata, store, str(tmp_path / "wal"), f"/default/{name}", broker_id=random.getrandbits(63))
-        topic.append(25)
-        topic.upload()
-        topic.append(5)
+        topic = TopicBuilder.with_backlog(metadata, store, str(tmp_path / "wal"), f"/default/{name}", 25, 5)
     project = tmp_path / "project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__"))
     spec = yaml.safe_load((project / "spark-pipeline.yaml").read_text())
