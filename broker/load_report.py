@@ -1,17 +1,25 @@
 """`/cluster/load/{broker_id}` values (spec §5.5 LoadReport) built from this process's topics.
 
-The leader of this broker places topics by assignment count, not by these reports, but
-Danube's tools and dashboards read them, so they are published in Danube's shape: sorted
-keys, compact, floats as JSON numbers. Rates are per second over the last report interval.
+The leader of this broker places topics by assignment count, not by these reports, but a
+v0.7.3 leader in a mixed cluster, Danube's tools and dashboards read them, so they are written
+as the broker writes them: the same seven fields, sorted keys, compact, u64 fields as integers
+and f64 fields as floats in Rust's text (`danube_core.records.dump_json`). `resources_usage`
+holds CPU, Memory, DiskIO and NetworkIO in that order (`broker.resource_usage`). Rates are per
+second over the last report interval, truncated to integers as the broker's u64 casts do.
+
+Deliberate differences, same shapes: `backlog_messages` is each topic's real backlog (the
+broker always writes 0), topics are listed by name (the broker's order is its map's), and a
+topic's first report has rates 0 (the broker divides its totals by the time since start).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 from danube_core.records import dump_json
+
+from broker.resource_usage import ResourceSampler
 
 
 @dataclass(frozen=True)
@@ -27,28 +35,12 @@ class TopicLoad:
     backlog_messages: int
 
 
-def _cpu_percent() -> float:
-    try:
-        return round(os.getloadavg()[0] / (os.cpu_count() or 1) * 100.0, 2)
-    except OSError:
-        return 0.0
-
-
-def _memory_percent() -> float:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            fields = {line.split(":")[0]: int(line.split()[1]) for line in handle if line.strip()}
-        total, available = fields["MemTotal"], fields["MemAvailable"]
-        return round((total - available) / total * 100.0, 2)
-    except (OSError, KeyError, ValueError, ZeroDivisionError):
-        return 0.0
-
-
 class LoadReporter:
     """Turns successive `TopicLoad` snapshots into LoadReport JSON bytes."""
 
-    def __init__(self, broker_id: int) -> None:
+    def __init__(self, broker_id: int, resources: ResourceSampler | None = None) -> None:
         self._broker_id = broker_id
+        self._resources = resources or ResourceSampler()
         self._previous: dict[str, TopicLoad] = {}
         self._previous_at = time.monotonic()
 
@@ -60,15 +52,13 @@ class LoadReporter:
         self._previous_at = now
         return dump_json({
             "broker_id": self._broker_id,
-            "resources_usage": [
-                {"resource": "CPU", "usage": _cpu_percent()},
-                {"resource": "Memory", "usage": _memory_percent()},
-            ],
+            "resources_usage": self._resources.sample(),
             "timestamp": int(time.time()),
             "topics": topics,
             "total_lag_messages": sum(t["backlog_messages"] for t in topics),
             "total_message_rate": sum(t["message_rate"] for t in topics),
-            "total_throughput_mbps": round(sum(t["byte_rate_mbps"] for t in topics), 6),
+            # Rust's f64 sum starts at -0.0: a broker without topics writes -0.0.
+            "total_throughput_mbps": sum((t["byte_rate_mbps"] for t in topics), -0.0),
         })
 
     def _topic_entry(self, load: TopicLoad, elapsed: float) -> dict:
@@ -79,7 +69,8 @@ class LoadReporter:
         return {
             "backlog_messages": load.backlog_messages,
             "byte_rate": byte_rate,
-            "byte_rate_mbps": round(byte_rate * 8 / 1_000_000, 6),
+            # The broker's "mbps" is byte_rate / 1e6 (megabytes, not megabits, per second).
+            "byte_rate_mbps": byte_rate / 1_000_000,
             "consumer_count": load.consumer_count,
             "message_rate": max(int(messages / elapsed), 0),
             "producer_count": load.producer_count,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -26,8 +27,49 @@ Converter = Callable[[Any, str, str], Any]
 
 
 def dump_json(value: Any) -> bytes:
-    """Bytes identical to `serde_json::to_vec` of a `Value` (compact, sorted, UTF-8)."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+    """Bytes identical to `serde_json::to_vec` of a `Value` (compact, sorted, UTF-8).
+
+    Floats are written in Rust's form (`rust_float_text`); everything else as `json` writes it.
+    """
+    return _serde_text(value).encode()
+
+
+def _serde_text(value: Any) -> str:
+    if isinstance(value, float):
+        return rust_float_text(value)
+    if isinstance(value, dict):
+        # serde_json map keys are strings; json's own conversion covers the rest.
+        items = sorted((k if isinstance(k, str) else json.dumps(k), v) for k, v in value.items())
+        return "{" + ",".join(_json_leaf(k) + ":" + _serde_text(v) for k, v in items) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_serde_text(v) for v in value) + "]"
+    return _json_leaf(value)
+
+
+def _json_leaf(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def rust_float_text(x: float) -> str:
+    """An f64 as serde_json writes it (Rust's `ryu`, shortest round-trip digits, as `repr`).
+
+    Python's `repr` differs in two places: the exponent (`2.8e-08`, `1e+16`; Rust writes
+    `2.8e-8`, `1e16`) and values in [1e-5, 1e-4), which Rust keeps in fixed notation
+    (`0.00005`; Python `5e-05`). Both use exponents from 1e16 up and below 1e-5, and the same
+    digits, so rewriting `repr` is exact. `-0.0` stays `-0.0`; NaN and infinities, which
+    serde_json writes as `null`, give `null`.
+    """
+    if not math.isfinite(x):
+        return "null"
+    text = repr(x)
+    mantissa, has_exponent, exponent_text = text.partition("e")
+    if not has_exponent:
+        return text
+    exponent = int(exponent_text)
+    if exponent == -5:
+        sign, digits = ("-", mantissa[1:]) if mantissa.startswith("-") else ("", mantissa)
+        return sign + "0.0000" + digits.replace(".", "")
+    return f"{mantissa}e{exponent}"
 
 
 def _reject_constant(name: str) -> Any:
