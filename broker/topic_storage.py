@@ -4,8 +4,12 @@ This is seed 003 ("reliable topic moves") done right. Differences from v0.7.3 (s
 
 * **Unload** refuses new appends, flushes the WAL and *waits*, drains the uploader until every
   offset is in objects, and only then writes the sealed state; so its `last_committed_offset`
-  (the last offset handed out, inclusive, §6.4) is also the last offset uploaded. Local WAL
-  files and checkpoints are then deleted, as seed 003 describes (the broker keeps them).
+  (the last offset handed out, inclusive, §6.4) is also the last offset uploaded. Like the
+  broker (§6.2 step 3) it deletes nothing locally: the WAL files, `wal.ckpt` and
+  `uploader.ckpt` stay on disk, closed and readable, for a v0.7.3 broker that takes the topic
+  over in a shared WAL directory (it appends there and reads the files its `wal.ckpt` lists),
+  for tools, and for this broker if the topic comes back (it continues after them, and the
+  uploader resumes from the kept `uploader.ckpt`). Retention cleans them up on a later load.
 * **Load** starts the WAL after the sealed offset and seeds `uploader.ckpt`; without a sealed
   state (the previous owner crashed) it continues after the last descriptor's end and after
   any local WAL, never at 0 (the broker restarts at 0 and overwrites history, §6.6).
@@ -266,11 +270,12 @@ class ReliableTopicStorage:
             self._closed_event.set()
 
     def unload(self, broker_id: int) -> SealedState | None:
-        """Hand the topic over: upload everything, seal, delete the local WAL.
+        """Hand the topic over: upload everything, seal, close the WAL (its files stay, §6.2).
 
         Returns the sealed state written (None for a topic that never handed out an offset).
-        If the drain fails (object store down, a corrupt WAL frame) nothing is sealed or
-        deleted, appends stay refused, and `unload` may be called again.
+        Cursors are flushed first; subscriptions, cursors, descriptors and objects are kept.
+        If the drain fails (object store down, a corrupt WAL frame) nothing is sealed, appends
+        stay refused, and `unload` may be called again.
         """
         self._quiesce()
         for cursor in list(self._cursors.values()):
@@ -283,9 +288,8 @@ class ReliableTopicStorage:
                                 timestamp=int(self._clock()))
             self._metadata.put(self._keys.state_key(self.topic), state.to_json())
         self._finish(flush_cursors=False)
-        delete_local_wal(self.wal.directory, self.wal.config.file_name)
-        logger.info("%s unloaded by broker %d: sealed at %s", self.topic, broker_id,
-                    state.last_committed_offset if state else "nothing (empty topic)")
+        logger.info("%s unloaded by broker %d: sealed at %s; WAL kept in %s", self.topic, broker_id,
+                    state.last_committed_offset if state else "nothing (empty topic)", self.wal.directory)
         return state
 
     def delete(self) -> None:

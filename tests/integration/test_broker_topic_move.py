@@ -1,17 +1,27 @@
 """Seed 003 with two broker processes (separate WAL dirs and ports, shared etcd and storage):
 produce 0–21 on A, ack up to 13, `admin unload`, B takes the topic, the producer's client
 reconnects and sends 22–27, the consumer's client reconnects and receives 14..27 exactly once
-in order; its cursor ends at 27."""
+in order; its cursor ends at 27. After the unload A has deleted its producers' keys and kept,
+as the real broker keeps them (§6.2), the delivery, subscription and cursor keys, its
+registration's `wal_url`, and its local WAL files and checkpoints, readable."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 
 import pytest
 from danube import DanubeClientBuilder, DispatchStrategy, ProducerOptions, SubType
+from fsspec.implementations.local import LocalFileSystem
 
+from broker.uploader import ReadOnlyWal
+from broker.wal_files import read_segments
+from danube_core.checkpoints import UploaderCheckpoint, WalCheckpoint, read_checkpoint
+from danube_core.records import BrokerRegistration
 from tests.integration.broker_process import BrokerProcess, run_admin
 from tests.rig import eventually
+from tests.unit.test_load_report import assert_shape_of_a_golden_load
 
 pytestmark = pytest.mark.integration
 
@@ -26,11 +36,31 @@ def _cursor(etcd_endpoint: str, topic: str, subscription: str) -> int | None:
     return next((row["cursor"] for row in rows if row["subscription"] == subscription), None)
 
 
+def _producer_keys(metadata, topic: str) -> set[str]:
+    return {key for key, _ in metadata.get_prefix(f"/topics{topic}/producers/", keys_only=True)}
+
+
+def _check_kept_after_unload(metadata, broker_a: BrokerProcess, topic: str, producers_on_a: set[str]) -> None:
+    """What A keeps and deletes once it has unloaded `topic` (spec §6.2). The client may have
+    created its producer again on B by now, under a new id: only A's keys must be gone."""
+    assert len(producers_on_a) == 1 and not producers_on_a & _producer_keys(metadata, topic)
+    assert metadata.get(f"/topics{topic}/delivery") == b'"Reliable"'
+    assert json.loads(metadata.get(f"/topics{topic}/subscriptions/subs_reliable"))["subscription_name"] == "subs_reliable"
+    assert metadata.get(f"/topics{topic}/subscriptions/subs_reliable/cursor") == b"13"
+    registration = BrokerRegistration.from_json(metadata.get(f"/cluster/register/{broker_a.broker_id}"), "register")
+    assert registration.wal_url == "file://" + os.path.abspath(broker_a.wal_dir)
+    directory = os.path.join(broker_a.wal_dir, *topic.strip("/").split("/"))
+    assert read_checkpoint(os.path.join(directory, "wal.ckpt"), WalCheckpoint).last_offset == 21
+    assert read_checkpoint(os.path.join(directory, "uploader.ckpt"), UploaderCheckpoint).last_committed_offset == 21
+    kept = list(read_segments(ReadOnlyWal.open(directory, LocalFileSystem()).segments(), 0))
+    assert [(m.msg_id.topic_offset, m.payload) for m in kept] == [(i, f"msg-{i}".encode()) for i in range(22)]
+
+
 async def _receive(queue: asyncio.Queue, count: int, timeout_s: float = 60.0) -> list:
     return [await asyncio.wait_for(queue.get(), timeout_s) for _ in range(count)]
 
 
-def test_seed_003_reliable_topic_moves_between_brokers(etcd_endpoint, tmp_path, unique_name):
+def test_seed_003_reliable_topic_moves_between_brokers(etcd_endpoint, metadata, tmp_path, unique_name):
     cloud = str(tmp_path / "cloud-storage")
     broker_a = BrokerProcess(etcd_endpoint, tmp_path, "broker-a", cloud).start()
     broker_b = None
@@ -57,8 +87,10 @@ def test_seed_003_reliable_topic_moves_between_brokers(etcd_endpoint, tmp_path, 
             for msg in first[:14]:
                 await consumer.ack(msg)
 
+            producers_on_a = await asyncio.to_thread(_producer_keys, metadata, topic)
             await asyncio.to_thread(run_admin, etcd_endpoint, "topics", "unload", topic)
             await asyncio.to_thread(eventually, lambda: _owner(etcd_endpoint, "default", topic) == broker_b.broker_id, 30)
+            await asyncio.to_thread(_check_kept_after_unload, metadata, broker_a, topic, producers_on_a)
             for i in range(22, 28):
                 await producer.send(f"msg-{i}".encode(), {"n": str(i)})
             after = await _receive(queue, 14)
@@ -80,6 +112,10 @@ def test_seed_003_reliable_topic_moves_between_brokers(etcd_endpoint, tmp_path, 
         starts = [d["start_offset"] for d in descriptors]
         assert starts[0] == 0 and starts[1:] == [d["end_offset"] + 1 for d in descriptors[:-1]]
         assert 21 in [d["end_offset"] for d in descriptors], "A sealed after uploading exactly 0..21"
+        for broker in (broker_a, broker_b):
+            assert_shape_of_a_golden_load(metadata.get(f"/cluster/load/{broker.broker_id}"))
+        eventually(lambda: b"/default/" in metadata.get(f"/cluster/load/{broker_b.broker_id}"), 10)
+        assert_shape_of_a_golden_load(metadata.get(f"/cluster/load/{broker_b.broker_id}"))
     finally:
         for broker in (broker_b, broker_a):
             if broker is not None:

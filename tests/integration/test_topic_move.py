@@ -2,9 +2,12 @@
 directories share one real etcd and one object store (moto S3, and local files).
 
 Timeline: 0–21 appended on A, a subscription acked up to 13, A unloads (sealed state 21,
-local WAL deleted), B loads at 22 (marker deleted), 22–27 appended on B, a reader on B from
-the cursor gets 14..27 exactly once, and the etcd keys are those of spec §5.2/§5.3. Also: an
-owner that crashes instead of unloading makes the next one continue after the descriptors.
+local WAL files and checkpoints kept, as the broker keeps them: §6.2), B loads at 22 (marker
+deleted), 22–27 appended on B, a reader on B from the cursor gets 14..27 exactly once, and the
+etcd keys are those of spec §5.2/§5.3. Also: an owner that crashes instead of unloading makes
+the next one continue after the descriptors; brokers sharing one WAL directory (Danube's own CI
+layout) and a topic moving back to a broker that kept its old WAL continue without reusing or
+re-uploading an offset.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ import re
 from typing import Callable, Iterator
 
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from broker.storage_engine import StorageEngine, StorageSettings
 from broker.topic_storage import TopicClosedError
 from broker.wal import WalConfig
-from danube_core.checkpoints import UploaderCheckpoint, read_checkpoint
+from broker.uploader import ReadOnlyWal
+from broker.wal_files import read_segments
+from danube_core.checkpoints import UploaderCheckpoint, WalCheckpoint, read_checkpoint
 from danube_core.errors import ConfigError
 from danube_core.records import ObjectDescriptor
 from danube_core.topics import TopicName
@@ -75,6 +81,23 @@ def check_descriptor(raw: bytes, start: int, end: int) -> ObjectDescriptor:
     return ObjectDescriptor.from_json(raw, "descriptor")
 
 
+def assert_wal_kept(directory: str, topic: TopicName, offsets: range) -> None:
+    """The unloaded owner's WAL is still on disk, whole and readable: frames, wal.ckpt
+    (listing the files), uploader.ckpt (everything uploaded), and no temp file left over."""
+    names = set(os.listdir(directory))
+    assert {"wal.ckpt", "uploader.ckpt"} <= names and not names & {"wal.tmp", "uploader.tmp"}
+    wal_ckpt = read_checkpoint(os.path.join(directory, "wal.ckpt"), WalCheckpoint)
+    assert wal_ckpt.last_offset == offsets[-1]
+    listed = {os.path.basename(path) for _, path, _ in wal_ckpt.rotated_files} | {os.path.basename(wal_ckpt.file_path)}
+    assert listed <= names
+    uploaded = read_checkpoint(os.path.join(directory, "uploader.ckpt"), UploaderCheckpoint)
+    assert uploaded.last_committed_offset == offsets[-1]
+    kept = ReadOnlyWal.open(directory, LocalFileSystem())
+    messages = list(read_segments(kept.segments(), 0))
+    assert [m.msg_id.topic_offset for m in messages] == list(offsets)
+    assert [m.payload for m in messages] == [make_msg(i, topic.broker_name).payload for i in offsets]
+
+
 def test_seed_003_timeline(make_engine, metadata, topic):
     engine_a, engine_b = make_engine("a", BROKER_A), make_engine("b", BROKER_B)
     objects = f"{ROOT}/storage/topics/{topic.storage_path}/objects/"
@@ -97,7 +120,7 @@ def test_seed_003_timeline(make_engine, metadata, topic):
         f'{{"broker_id":{BROKER_A},"last_committed_offset":21,"sealed":true,"timestamp":{state.timestamp}}}'
     ).encode()
     assert json.loads(raw_state)["broker_id"] == BROKER_A
-    assert not os.path.exists(wal_dir_a)
+    assert_wal_kept(wal_dir_a, topic, range(22))
     assert metadata.get(cursor_key) == b"13"
     first = check_descriptor(metadata.get(objects + "00000000000000000000"), 0, 21)
     assert engine_a.get(topic) is None
@@ -166,6 +189,62 @@ def test_moving_back_and_forth_keeps_the_offsets_continuous(make_engine, metadat
     on_a = engine_a.load_topic(topic)
     assert on_a.append(make_msg(1, topic.broker_name)) == 1
     assert [m.msg_id.topic_offset for m in on_a.reader(0)] == [0, 1]
+
+
+def test_a_topic_moving_back_to_a_broker_that_kept_its_wal_continues_after_the_other_owner(
+        make_engine, metadata, topic):
+    """A keeps 0..4 on disk after its unload; B serves 5..9; back on A, the new frames go after
+    B's offsets, A's kept uploader.ckpt resumes behind its old files (nothing re-uploaded),
+    and 5..9 are B's messages from the objects, not anything from A's disk."""
+    engine_a, engine_b = make_engine("a", BROKER_A), make_engine("b", BROKER_B)
+    on_a = engine_a.load_topic(topic)
+    for i in range(5):
+        on_a.append(make_msg(i, topic.broker_name))
+    wal_dir_a = on_a.wal.directory
+    engine_a.unload_topic(topic)
+    assert_wal_kept(wal_dir_a, topic, range(5))
+    on_b = engine_b.load_topic(topic)
+    for i in range(5, 10):
+        assert on_b.append(make_msg(i, topic.broker_name)) == i
+    engine_b.unload_topic(topic)
+
+    again = engine_a.load_topic(topic)
+    assert again.next_offset == 10
+    for i in range(10, 13):
+        assert again.append(make_msg(i, topic.broker_name)) == i
+    again.uploader.drain()
+    spans = [(d.start_offset, d.end_offset) for d in (
+        ObjectDescriptor.from_json(raw, key) for key, raw in storage_keys(metadata, topic).items()
+        if "/objects/0" in key)]
+    assert spans == [(0, 4), (5, 9), (10, 12)]
+    got = list(again.reader(0))
+    assert [m.msg_id.topic_offset for m in got] == list(range(13))
+    assert [m.payload for m in got] == [make_msg(i, topic.broker_name).payload for i in range(13)]
+
+
+def test_brokers_sharing_one_wal_directory_hand_over_through_the_kept_files(
+        make_engine, metadata, topic):
+    """Danube's CI runs its brokers on one host with one config: the same topic directory.
+    B finds A's kept files and checkpoints there, continues at 22 in a new segment, and its
+    uploader resumes from A's uploader.ckpt instead of uploading 0..21 a second time."""
+    engine_a, engine_b = make_engine("shared", BROKER_A), make_engine("shared", BROKER_B)
+    on_a = engine_a.load_topic(topic)
+    for i in range(22):
+        on_a.append(make_msg(i, topic.broker_name))
+    engine_a.unload_topic(topic)
+    assert_wal_kept(on_a.wal.directory, topic, range(22))
+
+    on_b = engine_b.load_topic(topic)
+    assert on_b.wal.directory == on_a.wal.directory
+    assert on_b.next_offset == 22
+    for i in range(22, 28):
+        assert on_b.append(make_msg(i, topic.broker_name)) == i
+    on_b.uploader.drain()
+    starts = [k.rsplit("/", 1)[1] for k in storage_keys(metadata, topic)]
+    assert starts == ["00000000000000000000", "00000000000000000022", "cur"]
+    got = list(on_b.reader(0))
+    assert [m.msg_id.topic_offset for m in got] == list(range(28))
+    assert [m.payload for m in got] == [make_msg(i, topic.broker_name).payload for i in range(28)]
 
 
 def test_delete_removes_storage_keys_and_cursors(make_engine, metadata, topic):

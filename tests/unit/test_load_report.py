@@ -34,6 +34,18 @@ def shape(value) -> object:
     return value if isinstance(value, str) and value in RESOURCE_NAMES else type(value).__name__
 
 
+def assert_shape_of_a_golden_load(raw: bytes) -> None:
+    """`raw` has the keys, resource order and JSON types of the real broker's LoadReport."""
+    goldens = [json.loads(g) for g in golden_load_values()]
+    with_topic = next((g for g in goldens if g["topics"]), None)
+    if with_topic is None:
+        pytest.skip(f"no golden /cluster/load value with a topic under {GOLDEN}")
+    ours = json.loads(raw)
+    expected = shape(with_topic) | {"topics": [shape(with_topic["topics"][0])] * len(ours["topics"])}
+    assert shape(ours) == expected, raw
+    assert list(ours) == list(with_topic)
+
+
 def topic_load(name: str, messages: int = 0, byte_count: int = 0) -> TopicLoad:
     return TopicLoad(topic_name=name, messages_in=messages, bytes_in=byte_count, producer_count=1,
                      consumer_count=2, subscription_count=2, backlog_messages=0)
