@@ -278,6 +278,10 @@ class BrokerService:
                 await asyncio.to_thread(call, name)
             if unload:
                 await asyncio.to_thread(self.registry.delete_producers, name)
+            if unload and not topic.reliable:
+                # As the broker does: a non-reliable subscription has no state worth keeping,
+                # its consumers subscribe again on the next owner.
+                await asyncio.to_thread(self.registry.delete_subscriptions, name)
         finally:
             self.topics.pop(name, None)
         logger.info("broker %d %s %s", self.broker_id, "unloaded" if unload else "deleted", name)

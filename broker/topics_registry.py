@@ -148,6 +148,10 @@ class TopicRegistry:
     def delete_producers(self, topic: TopicName) -> None:
         self.metadata.delete_prefix(producers_prefix(topic))
 
+    def delete_subscriptions(self, topic: TopicName) -> None:
+        """Every subscription record (and cursor) of `topic`: a non-reliable unload (§5.3)."""
+        self.metadata.delete_prefix(subscriptions_prefix(topic))
+
     def put_subscription(self, topic: TopicName, record: SubscriptionRecord) -> None:
         self.metadata.put(subscription_key(topic, record.subscription_name), record.to_json())
 

@@ -139,3 +139,27 @@ def test_unloading_an_empty_reliable_topic_moves_it_without_a_seal(etcd_endpoint
     finally:
         for broker in reversed(brokers):
             broker.stop()
+
+
+def test_unloading_a_non_reliable_topic_deletes_its_subscriptions_as_the_broker_does(
+        etcd_endpoint, metadata, tmp_path, unique_name):
+    """§5.3: a non-reliable unload removes the subscription records (their consumers subscribe
+    again at the next owner) and the producers; the delivery key and the index stay."""
+    cloud = str(tmp_path / "cloud-storage")
+    brokers = [BrokerProcess(etcd_endpoint, tmp_path, "broker-a", cloud).start()]
+    topic = f"/default/{unique_name('non_reliable')}"
+    subscription = f"/topics{topic}/subscriptions/s_shared"
+    try:
+        run_admin(etcd_endpoint, "topics", "create", topic, "--delivery", "non-reliable")
+        eventually(lambda: _owner(etcd_endpoint, "default", topic) == brokers[0].broker_id, 20)
+        metadata.put(subscription, b'{"consumer_id":null,"consumer_name":"c","subscription_name":"s_shared",'
+                                   b'"subscription_type":1}')
+        brokers.append(BrokerProcess(etcd_endpoint, tmp_path, "broker-b", cloud).start())
+        run_admin(etcd_endpoint, "topics", "unload", topic)
+        eventually(lambda: _owner(etcd_endpoint, "default", topic) == brokers[1].broker_id, 15)
+        assert metadata.get(subscription) is None
+        assert metadata.get(f"/topics{topic}/delivery") == b'"NonReliable"'
+        assert metadata.get(f"/namespaces{topic.replace('/default', '/default/topics/default', 1)}") == b"null"
+    finally:
+        for broker in reversed(brokers):
+            broker.stop()
