@@ -1,4 +1,4 @@
-"""Inspection CLI for WAL files, cloud objects and a topic's storage keys.
+"""Inspection CLI for WAL files, checkpoints, cloud objects and a topic's storage keys.
 
     python -m broker.tools dump <path-or-url> [--storage-option k=v ...] [--chunk-bytes N]
     python -m broker.tools objects --etcd HOST:PORT --topic /ns/t [--root-prefix /danube-data]
@@ -7,6 +7,8 @@
 back to back, spec §1, §4.3), local or any fsspec URL (`s3://bucket/key`), read in bounded
 chunks. `offset` is the frame header's offset, `topic_offset` the one inside the payload
 (they are equal in everything the broker writes, §2.6); `payload_b64` is standard base64.
+A file named `wal.ckpt` or `uploader.ckpt` is a bincode checkpoint, not frames (§3.4, §3.5):
+`dump` prints it as one JSON object tagged `"checkpoint": "wal"` or `"uploader"`.
 Storage options are `key=value`; a dotted key nests (`client_kwargs.endpoint_url=http://...`)
 and a value that parses as JSON is taken as JSON (quote strings that look like numbers).
 
@@ -22,14 +24,28 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import json
 import logging
+import posixpath
 import sys
 from typing import Any, TextIO
 
 import fsspec
 
-from danube_core.errors import CorruptFrameError, DanubeError, MetadataError, PayloadDecodeError
+from danube_core.checkpoints import (
+    UPLOADER_CHECKPOINT_NAME,
+    WAL_CHECKPOINT_NAME,
+    UploaderCheckpoint,
+    WalCheckpoint,
+)
+from danube_core.errors import (
+    CheckpointError,
+    CorruptFrameError,
+    DanubeError,
+    MetadataError,
+    PayloadDecodeError,
+)
 from danube_core.frames import STOP_CRC, STOP_END
 from danube_core.keys import DEFAULT_ROOT_PREFIX, StorageKeys
 from danube_core.message import StreamMessage, decode_message
@@ -43,6 +59,10 @@ EXIT_OK = 0
 EXIT_CORRUPT = 1
 EXIT_USAGE = 2
 EXIT_UNREADABLE = 3
+
+# Checkpoints sit next to the WAL files, so `dump` on a topic directory's files meets them too.
+CHECKPOINT_KINDS = {WAL_CHECKPOINT_NAME: ("wal", WalCheckpoint),
+                    UPLOADER_CHECKPOINT_NAME: ("uploader", UploaderCheckpoint)}
 
 
 def message_record(offset: int, msg: StreamMessage) -> dict[str, Any]:
@@ -96,10 +116,28 @@ def dump(target: str, storage_options: dict[str, Any], chunk_bytes: int, out: Te
         return EXIT_UNREADABLE
     try:
         with fh:
+            checkpoint = CHECKPOINT_KINDS.get(posixpath.basename(path))
+            if checkpoint is not None:
+                return _dump_checkpoint(fh.read(), target, *checkpoint, out, err)
             return _dump_frames(fh, target, chunk_bytes, out, err)
     except OSError as exc:
         err.write(f"cannot read {target}: {exc}\n")
         return EXIT_UNREADABLE
+
+
+def _dump_checkpoint(
+    data: bytes, target: str, kind: str, cls: type[WalCheckpoint] | type[UploaderCheckpoint],
+    out: TextIO, err: TextIO,
+) -> int:
+    """Print a decoded checkpoint; without this, its bytes would be read as a torn frame."""
+    try:
+        checkpoint = cls.decode(data, target)
+    except CheckpointError as exc:
+        err.write(f"{exc}\n")
+        return EXIT_CORRUPT
+    record = {"checkpoint": kind, **dataclasses.asdict(checkpoint)}
+    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return EXIT_OK
 
 
 def _dump_frames(fh: Any, target: str, chunk_bytes: int, out: TextIO, err: TextIO) -> int:

@@ -1,21 +1,21 @@
 """Every etcd JSON value (spec §5): compact, sorted keys, exact u64 integers.
 
 The broker serialises through `serde_json::Value` (a BTreeMap), so keys come out sorted and
-compact with non-ASCII unescaped; `dump_json` reproduces that byte for byte. Reading follows
-serde's rules: unknown fields are ignored, missing `Option` fields are None, any other missing
-field is an error (MetadataError naming the key and the field). Random u64 ids are often
-> 2^53: Python's json keeps them exact, and floats/bools are refused where an integer is due.
+compact with non-ASCII unescaped; `dump_json` (from `json_text`, which also prints floats as
+Rust does) reproduces that byte for byte. Reading follows serde's rules: unknown fields are
+ignored, missing `Option` fields are None, any other missing field is an error (MetadataError
+naming the key and the field). Random u64 ids are often > 2^53: Python's json keeps them
+exact, and floats/bools are refused where an integer is due.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from danube_core.errors import MetadataError
+from danube_core.json_text import dump_json, load_json  # re-exported: records' callers use them
 from danube_core.keys import padded_offset
 
 NULL_JSON = b"null"
@@ -24,64 +24,6 @@ _U64_MAX = (1 << 64) - 1
 _U32_MAX = (1 << 32) - 1
 
 Converter = Callable[[Any, str, str], Any]
-
-
-def dump_json(value: Any) -> bytes:
-    """Bytes identical to `serde_json::to_vec` of a `Value` (compact, sorted, UTF-8).
-
-    Floats are written in Rust's form (`rust_float_text`); everything else as `json` writes it.
-    """
-    return _serde_text(value).encode()
-
-
-def _serde_text(value: Any) -> str:
-    if isinstance(value, float):
-        return rust_float_text(value)
-    if isinstance(value, dict):
-        # serde_json map keys are strings; json's own conversion covers the rest.
-        items = sorted((k if isinstance(k, str) else json.dumps(k), v) for k, v in value.items())
-        return "{" + ",".join(_json_leaf(k) + ":" + _serde_text(v) for k, v in items) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_serde_text(v) for v in value) + "]"
-    return _json_leaf(value)
-
-
-def _json_leaf(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def rust_float_text(x: float) -> str:
-    """An f64 as serde_json writes it (Rust's `ryu`, shortest round-trip digits, as `repr`).
-
-    Python's `repr` differs in two places: the exponent (`2.8e-08`, `1e+16`; Rust writes
-    `2.8e-8`, `1e16`) and values in [1e-5, 1e-4), which Rust keeps in fixed notation
-    (`0.00005`; Python `5e-05`). Both use exponents from 1e16 up and below 1e-5, and the same
-    digits, so rewriting `repr` is exact. `-0.0` stays `-0.0`; NaN and infinities, which
-    serde_json writes as `null`, give `null`.
-    """
-    if not math.isfinite(x):
-        return "null"
-    text = repr(x)
-    mantissa, has_exponent, exponent_text = text.partition("e")
-    if not has_exponent:
-        return text
-    exponent = int(exponent_text)
-    if exponent == -5:
-        sign, digits = ("-", mantissa[1:]) if mantissa.startswith("-") else ("", mantissa)
-        return sign + "0.0000" + digits.replace(".", "")
-    return f"{mantissa}e{exponent}"
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def load_json(raw: bytes, key: str) -> Any:
-    """Parse an etcd value; MetadataError naming `key` if it is not valid JSON."""
-    try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MetadataError(f"etcd key {key!r} does not hold valid JSON ({exc}): {raw[:200]!r}") from exc
 
 
 def bad_value(key: str, name: str, expected: str, value: Any) -> MetadataError:
@@ -110,6 +52,13 @@ def boolean(value: Any, key: str, name: str) -> bool:
     if not isinstance(value, bool):
         raise bad_value(key, name, "true or false", value)
     return value
+
+
+def f64(value: Any, key: str, name: str) -> float:
+    """An f64: serde accepts a JSON integer too, and writes it back as a float (`5` -> `5.0`)."""
+    if type(value) not in (int, float):
+        raise bad_value(key, name, "a number", value)
+    return float(value)
 
 
 def one_of(*choices: str) -> Converter:
@@ -406,6 +355,59 @@ class BrokerState(JsonRecord):
 
     _fields = {"mode": one_of(*BROKER_MODES), "reason": optional(string), "wal_url": optional(string)}
     _omit_when_none = frozenset({"reason", "wal_url"})
+
+
+RESOURCE_TYPES = ("CPU", "Memory", "DiskIO", "NetworkIO")
+
+
+@dataclass
+class ResourceUsage(JsonRecord):
+    """One `resources_usage` entry of a LoadReport."""
+
+    resource: str
+    usage: float
+
+    _fields = {"resource": one_of(*RESOURCE_TYPES), "usage": f64}
+
+
+@dataclass
+class TopicLoadStats(JsonRecord):
+    """One `topics` entry of a LoadReport; rates are per second."""
+
+    backlog_messages: int
+    byte_rate: int
+    byte_rate_mbps: float
+    consumer_count: int
+    message_rate: int
+    producer_count: int
+    subscription_count: int
+    topic_name: str
+
+    _fields = {
+        "backlog_messages": u64, "byte_rate": u64, "byte_rate_mbps": f64, "consumer_count": u64,
+        "message_rate": u64, "producer_count": u64, "subscription_count": u64, "topic_name": string,
+    }
+
+
+@dataclass
+class LoadReport(JsonRecord):
+    """`/cluster/load/{id}`. Its floats are why `dump_json` formats floats as Rust does."""
+
+    broker_id: int
+    resources_usage: list[ResourceUsage]
+    timestamp: int
+    topics: list[TopicLoadStats]
+    total_lag_messages: int
+    total_message_rate: int
+    total_throughput_mbps: float
+
+    _fields = {
+        "broker_id": u64,
+        "resources_usage": list_of(lambda v, key, name: ResourceUsage.from_value(v, key)),
+        "timestamp": u64,
+        "topics": list_of(lambda v, key, name: TopicLoadStats.from_value(v, key)),
+        "total_lag_messages": u64, "total_message_rate": u64, "total_throughput_mbps": f64,
+    }
 
 
 @dataclass

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 from hypothesis import given, strategies as st
 
 from danube_core.errors import MetadataError
+from danube_core.json_text import format_f64
 from danube_core.records import (
-    BrokerRegistration, BrokerState, CurPointer, ObjectDescriptor, Policies, ProducerRecord,
+    BrokerRegistration, BrokerState, CurPointer, LoadReport, ObjectDescriptor, Policies, ProducerRecord,
     SchemaConfig, SealedState, SubscriptionRecord, UnassignedMarker, dump_cursor, dump_delivery,
     dump_json, load_json, parse_cursor, parse_delivery, parse_string,
 )
@@ -32,6 +36,50 @@ KEY = "/danube-data/storage/topics/default/orders/objects/00000000000000000000"
 
 def test_dump_json_is_compact_sorted_utf8() -> None:
     assert dump_json({"b": "é", "a": [1, None]}) == '{"a":[1,null],"b":"é"}'.encode()
+
+
+# What serde_json (ryu) prints: plain decimals for 1e-5 <= |v| < 1e16, else d.ddde<exp>
+# with no '+' and no zero padding. Python's repr differs in the exponent rows.
+@pytest.mark.parametrize("value,rust", [
+    (0.0, "0.0"), (-0.0, "-0.0"), (12.5, "12.5"), (0.1, "0.1"), (123.0, "123.0"),
+    (20984695383.0, "20984695383.0"), (9999999999999998.0, "9999999999999998.0"),
+    (1e16, "1e16"), (1.2345678901234568e17, "1.2345678901234568e17"), (1.5e300, "1.5e300"),
+    (1e-5, "0.00001"), (1.234e-5, "0.00001234"), (0.001234, "0.001234"),
+    (1e-6, "1e-6"), (-2.5e-7, "-2.5e-7"), (6.319877954297229e-8, "6.319877954297229e-8"),
+    (5e-324, "5e-324"), (1.7976931348623157e308, "1.7976931348623157e308"),
+    (math.nan, "null"), (math.inf, "null"),
+])
+def test_floats_are_formatted_as_serde_json_does(value: float, rust: str) -> None:
+    assert format_f64(value) == rust
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_float_format_round_trips(value: float) -> None:
+    text = format_f64(value)
+    assert float(text) == value and math.copysign(1, float(text)) == math.copysign(1, value)
+    assert "+" not in text and "e-0" not in text and ("e" in text or "." in text)
+
+
+def test_dump_json_writes_rust_floats_in_nested_values() -> None:
+    value = {"b": [{"usage": 6.319877954297229e-8, "name": "é"}], "a": 1, "c": None, "d": True}
+    expected = '{"a":1,"b":[{"name":"é","usage":6.319877954297229e-8}],"c":null,"d":true}'
+    assert dump_json(value) == expected.encode()
+    assert json.loads(dump_json(value)) == value
+
+
+def test_load_report_round_trip() -> None:
+    raw = (
+        b'{"broker_id":13765396746494901369,"resources_usage":[{"resource":"CPU","usage":0.0},'
+        b'{"resource":"Memory","usage":6.319877954297229e-8}],"timestamp":1795442593,"topics":'
+        b'[{"backlog_messages":0,"byte_rate":0,"byte_rate_mbps":0.0,"consumer_count":2,'
+        b'"message_rate":0,"producer_count":1,"subscription_count":2,"topic_name":"/default/normal"}],'
+        b'"total_lag_messages":0,"total_message_rate":0,"total_throughput_mbps":-0.0}'
+    )
+    report = LoadReport.from_json(raw, "/cluster/load/1")
+    assert report.topics[0].consumer_count == 2 and report.resources_usage[1].resource == "Memory"
+    assert report.to_json() == raw
+    integral = raw.replace(b'"total_throughput_mbps":-0.0', b'"total_throughput_mbps":5')
+    assert LoadReport.from_json(integral, "k").to_json().endswith(b'"total_throughput_mbps":5.0}')
 
 
 def test_spec_5_2_descriptor() -> None:

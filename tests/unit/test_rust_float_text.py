@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from danube_core.records import dump_json, rust_float_text
+from danube_core.json_text import format_f64 as rust_float_text
+from danube_core.records import dump_json
 
 GOLDEN = Path(os.environ.get("DANUBE_GOLDEN_DIR", Path(__file__).resolve().parents[2] / ".." / "shared" / "golden"))
 
