@@ -72,9 +72,13 @@ def topics_of(catalog: "TopicCatalog", options: DanubeOptions) -> list[str]:
 
 
 def plan_partitions(
-    catalog: "TopicCatalog", options: DanubeOptions, start: Mapping[str, int], end: Mapping[str, int]
+    catalog: "TopicCatalog", options: DanubeOptions, start: Mapping[str, int], end: Mapping[str, int],
+    skipped: dict[str, int] | None = None,
 ) -> list[DanubePartition]:
-    """Partitions reading `[start[t], end[t])` of every topic of `end` (start covers them all)."""
+    """Partitions reading `[start[t], end[t])` of every topic of `end` (start covers them all).
+
+    With failOnDataLoss=false, the offsets skipped per topic are added to `skipped`.
+    """
     from connectors.planner import plan_tasks
 
     wanted = {t: e for t, e in end.items() if e != start[t]}
@@ -89,6 +93,9 @@ def plan_partitions(
     )
     if plan.lost:
         logger.warning("skipping lost offsets per topic (failOnDataLoss=false): %s", plan.lost_offsets)
+        if skipped is not None:
+            for topic, count in plan.lost_offsets.items():
+                skipped[topic] = skipped.get(topic, 0) + count
     return [DanubePartition(i, task) for i, task in enumerate(plan.tasks)]
 
 
@@ -116,6 +123,8 @@ class DanubeBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         catalog, metadata = open_catalog(self.options)
         try:
+            if self.options.salvage is not None:
+                return self._salvage_partitions(catalog)
             topics = topics_of(catalog, self.options)
             start = resolve_start(self.options.starting_for(streaming=False), topics, catalog, self.options.subscription)
             end = resolve_end(self.options.ending, topics, catalog)
@@ -124,6 +133,16 @@ class DanubeBatchReader(DataSourceReader):
             metadata.close()
         logger.info("batch read of %d topic(s) %s -> %s in %d partition(s)", len(topics), start, end, len(partitions))
         return list(partitions)
+
+    def _salvage_partitions(self, catalog: "TopicCatalog") -> list[InputPartition]:
+        from connectors.salvage import salvage_tasks
+
+        assert self.options.topics is not None and self.options.salvage is not None  # parse_options
+        tasks = salvage_tasks(catalog, self.options.topics[0], self.options.salvage,
+                              fail_on_data_loss=self.options.fail_on_data_loss)
+        logger.info("salvage read of %s from %s: %d run(s)", self.options.topics[0],
+                    ", ".join(self.options.salvage), len(tasks))
+        return [DanubePartition(i, task) for i, task in enumerate(tasks)]
 
     def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
         return read_partition(partition, self.options.include_source)

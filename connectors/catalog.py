@@ -9,10 +9,16 @@ to the pure planner as `TopicSnapshot`s. Executors never use it.
   start offset from the previous snapshot or by a short search of the key space.
 * The WAL chain comes from `connectors.wal_scan` (owner's directory first, previous owners'
   when needed; incremental header scans from the uploader's resume point).
-* The latest offset is the largest of: the last object's end + 1, the WAL head, the sealed
-  offset + 1. A WAL head below the last object's end means a real broker restarted the topic
-  at offset 0 (§6.6): the WAL head is then the latest offset, and the planner reports the
-  offsets going backwards.
+* The latest offset is the largest of: the current run's last object's end + 1, the WAL
+  head, the sealed offset + 1 (a seal the current run restarted below does not count). A WAL
+  head below the last object's end means a real broker restarted the topic at offset 0
+  (§6.6): the WAL head is then the latest offset.
+* Offset reuse: once per topic (and again whenever `cur` stops moving forward), every
+  descriptor is read and the topic's objects are listed, and `connectors.topic_runs` sorts
+  them, the WAL runs and the sealed state into the current run and stale ones. Snapshots hold
+  only the current run's objects and the reused ranges, which the planner reports as data loss.
+* A WAL that cannot be found (a real broker registers no `wal_url`) is named in one warning
+  per topic and owner, with the unread tail as far as etcd tells (`unread_tails`).
 
 Offsets returned are end-exclusive (Spark's convention); etcd's stay inclusive. A catalog keeps
 scan state between calls and is meant for one driver thread.
@@ -28,11 +34,12 @@ import numpy as np
 
 from connectors.planner import plan_tasks
 from connectors.snapshot import StoredObject, TopicSnapshot, WalRun
-from connectors.wal_scan import WAL_AUTO, WAL_NONE, ClusterView, WalFinder
+from connectors.topic_runs import RunAudit, audit_runs, current_chain
+from connectors.wal_scan import WAL_AUTO, WAL_NONE, ClusterView, UnreachableWal, WalFinder, scan_file_runs
 from danube_core import keys
 from danube_core.errors import CorruptFrameError, MetadataError, ObjectMissingError
 from danube_core.metadata import MetadataStore
-from danube_core.objectstore import OBJECT_ID_PATTERN, ObjectStore, object_id_for
+from danube_core.objectstore import OBJECT_ID_PATTERN, ObjectStore, object_id_for, parse_object_id
 from danube_core.records import CurPointer, ObjectDescriptor, SealedState, parse_cursor
 from danube_core.topics import TopicName
 
@@ -60,12 +67,17 @@ class TopicCatalog:
         self._metadata = metadata
         self._keys = keys.StorageKeys(root_prefix)
         self._store = ObjectStore(storage_url, storage_options)
+        self._store_url = storage_url
         self._storage_options = dict(storage_options)
         self._fail_on_data_loss = fail_on_data_loss
         self._wal = None if wal_root == WAL_NONE else WalFinder(wal_root, storage_url, storage_options)
         self._sizes: dict[str, int] = {}
         self._spans: dict[str, list[tuple[int, int]]] = {}  # topic -> (start, end) last seen
         self._object_dirs: dict[TopicName, str] = {}
+        self._audits: dict[str, RunAudit] = {}
+        self._object_ranges: dict[str, int] = {}  # orphan object URL -> its last offset
+        self._unread: dict[str, dict] = {}  # topic -> the tail its unreachable WAL holds
+        self._warned: set[tuple[str, int | None]] = set()
 
     # ---- topics ---------------------------------------------------------------------------
 
@@ -202,6 +214,7 @@ class TopicCatalog:
         self, topic: TopicName, from_offset: int, to_offset: int | None, cluster: ClusterView | None
     ) -> TopicSnapshot:
         last, sealed, wal, latest = self._head(topic, cluster)
+        audit = self._audits.get(str(topic))
         objects: list[ObjectDescriptor] = []
         stop = latest if to_offset is None else to_offset
         if last is not None and from_offset < stop:
@@ -217,6 +230,7 @@ class TopicCatalog:
             object_storage_options=self._storage_options,
             wal_storage_options=self._wal.options_for(wal[0].url) if self._wal and wal else {},
             sealed_offset=sealed.last_committed_offset if sealed else None,
+            reused=audit.reused(0, latest) if audit is not None else [],
         )
 
     def _cluster(self) -> ClusterView | None:
@@ -225,22 +239,124 @@ class TopicCatalog:
 
     def _head(self, topic: TopicName, cluster: ClusterView | None
               ) -> tuple[ObjectDescriptor | None, SealedState | None, list[WalRun], int]:
-        """(newest descriptor, sealed state, WAL chain, latest offset) of a topic."""
-        last = self._last_descriptor(topic)
+        """(newest descriptor of the current run, sealed state, WAL chain, latest offset)."""
+        cur, above = self._descriptors_above_cur(topic)
         raw = self._metadata.get(self._keys.state_key(topic))
         sealed = SealedState.from_json(raw, self._keys.state_key(topic)) if raw is not None else None
         sealed = sealed if sealed is not None and sealed.sealed else None
+        audit = self._audits.get(str(topic))
+        chain, stale_above = current_chain(above, cur)
+        if audit is not None and any(d.object_id not in audit.stale_ids() for d in stale_above):
+            audit = None  # an older run's descriptor the audit has not seen: audit again
+        if audit is not None and chain and not audit.continues(chain[-1]):
+            audit = None  # `cur` went back: a new run started since the audit
+        last = chain[-1] if chain else None
+        wal = self._wal_chain(topic, last, sealed, cluster)
+        if audit is None:
+            audit = self._audit(topic, sealed, wal)
+            last = audit.current_descriptors[-1] if audit.current_descriptors else None
+            wal = self._wal_chain(topic, last, sealed, cluster)
         uploaded = last.end_offset + 1 if last is not None else 0
-        wal = [] if self._wal is None else self._wal.chain(
-            topic, uploaded, cluster, sealed.broker_id if sealed else None)
         head = wal[-1].stop_offset if wal else None
         if head is not None and head < uploaded:
             logger.warning("WAL of %s ends at offset %d, below the uploaded offset %d: the topic was "
                            "restarted at offset 0 (spec §6.6); its offsets went backwards",
                            topic, head - 1, uploaded - 1)
             return last, sealed, wal, head
+        if audit.stale_seal is not None:
+            sealed = None  # the current run restarted below it: not an offset it will reach
         candidates = [uploaded, head or 0, sealed.last_committed_offset + 1 if sealed else 0]
-        return last, sealed, wal, max(candidates)
+        latest = max(candidates)
+        self._note_unread(topic, latest, sealed)
+        return last, sealed, wal, latest
+
+    def _wal_chain(self, topic: TopicName, last: ObjectDescriptor | None, sealed: SealedState | None,
+                   cluster: ClusterView | None) -> list[WalRun]:
+        if self._wal is None:
+            return []
+        uploaded = last.end_offset + 1 if last is not None else 0
+        return self._wal.chain(topic, uploaded, cluster, sealed.broker_id if sealed else None)
+
+    # ---- runs and unread tails ------------------------------------------------------------
+
+    def audit(self, topic: TopicName | str) -> RunAudit:
+        """The topic's run audit (current run, stale sources, reused offsets), made now."""
+        topic = _topic(topic)
+        self._audits.pop(str(topic), None)
+        self._head(topic, self._cluster())
+        return self._audits[str(topic)]
+
+    def _audit(self, topic: TopicName, sealed: SealedState | None, wal: list[WalRun]) -> RunAudit:
+        """Read every descriptor and list the objects once, and sort them into runs."""
+        rows = self._metadata.get_prefix(self._keys.objects_prefix(topic))
+        descriptors = self._parse(rows)
+        raw_cur = self._metadata.get(self._keys.cur_key(topic))
+        cur = int(CurPointer.from_json(raw_cur, self._keys.cur_key(topic)).start) if raw_cur else None
+        listed = []
+        for object_id in self._store.list_objects(topic):
+            listed.append((object_id, parse_object_id(object_id)[0], None))
+        chain, _ = current_chain(descriptors, cur)
+        referenced = {d.object_id for d in descriptors}
+        uploaded_stop = chain[-1].end_offset + 1 if chain else 0
+        listed = [(oid, start, None if oid in referenced or start >= uploaded_stop
+                   else self._last_offset_of(self._objects_url(topic) + oid, start))
+                  for oid, start, _ in listed]
+        stale_wal = self._wal.stale_runs.get(str(topic), []) if self._wal is not None else []
+        audit = audit_runs(str(topic), descriptors, cur, self._objects_url(topic), listed, wal,
+                           stale_wal, sealed)
+        self._audits[str(topic)] = audit
+        if not audit.clean:
+            logger.warning("topic %s: %s", topic, audit.summary())
+        return audit
+
+    def _last_offset_of(self, url: str, start: int) -> int:
+        """Last offset of an object no descriptor describes (its frames scanned once)."""
+        if url not in self._object_ranges:
+            try:
+                runs = scan_file_runs(url, self._storage_options)
+            except ObjectMissingError:
+                runs = []
+            self._object_ranges[url] = max((r.stop_offset - 1 for r in runs), default=start)
+        return self._object_ranges[url]
+
+    def _note_unread(self, topic: TopicName, latest: int, sealed: SealedState | None) -> None:
+        """Record (and warn once about) a tail held by a WAL this catalog cannot read."""
+        why: UnreachableWal | None = self._wal.unreachable.get(str(topic)) if self._wal else None
+        if why is None:
+            self._unread.pop(str(topic), None)
+            return
+        audit = self._audits.get(str(topic))
+        stale_top = max((src.last_offset for src in audit.stale_sources), default=-1) if audit else -1
+        # A cursor at or below an older run's offsets may be that run's: no evidence of a tail.
+        evidence = [c for c in self._cursors(topic) if c >= latest and c > stale_top]
+        through = max(evidence) if evidence else None
+        self._unread[str(topic)] = {"broker": why.broker_id, "fromOffset": latest,
+                                    "atLeastThrough": through, "reason": why.reason}
+        if (str(topic), why.broker_id) in self._warned:
+            return
+        self._warned.add((str(topic), why.broker_id))
+        known = (f"offsets {latest}..{through} at least (a subscription cursor is there)"
+                 if through is not None else f"any messages from offset {latest} on")
+        logger.warning(
+            "topic %s: the WAL of its owner, broker %s, cannot be read: %s. %s not uploaded yet "
+            "are NOT read. Set option walRoot to a shared WAL root, a template with {broker_id}, "
+            "or a JSON map {\"%s\": \"<url of that broker's wal_cloud.wal.dir>\"} (a shared "
+            "volume or a read-only HTTP file server beside the broker).",
+            topic, why.broker_id, why.reason, known[0].upper() + known[1:], why.broker_id)
+
+    def unread_tails(self) -> dict[str, dict]:
+        """Per topic read so far: the tail an unreachable WAL holds (for query progress)."""
+        return {t: dict(v) for t, v in self._unread.items()}
+
+    def _cursors(self, topic: TopicName) -> list[int]:
+        found = []
+        for key, raw in self._metadata.get_prefix(keys.subscriptions_prefix(topic)):
+            if key.endswith("/cursor"):
+                try:
+                    found.append(parse_cursor(raw, key))
+                except MetadataError:
+                    continue
+        return found
 
     # ---- descriptors ----------------------------------------------------------------------
 
@@ -251,17 +367,20 @@ class TopicCatalog:
                 out.append(ObjectDescriptor.from_json(raw, key))
         return out
 
-    def _last_descriptor(self, topic: TopicName) -> ObjectDescriptor | None:
-        """The descriptor with the highest start key: from `cur` on (usually one key)."""
+    def _descriptors_above_cur(self, topic: TopicName) -> tuple[int | None, list[ObjectDescriptor]]:
+        """(`cur`'s start, the descriptors from `cur` on): usually one key, the newest upload."""
         cur_key = self._keys.cur_key(topic)
         raw = self._metadata.get(cur_key)
         start_key = self._keys.objects_prefix(topic)
+        cur = None
         if raw is not None:
-            start_key += CurPointer.from_json(raw, cur_key).start
+            cur = int(CurPointer.from_json(raw, cur_key).start)
+            start_key = self._keys.object_key(topic, cur)
         descriptors = self._parse(self._metadata.get_range(start_key, cur_key))
         if not descriptors and raw is not None:  # `cur` names a key that no longer exists
             descriptors = self._parse(self._metadata.get_range(self._keys.objects_prefix(topic), cur_key))
-        return descriptors[-1] if descriptors else None
+            cur = None
+        return cur, descriptors
 
     def _descriptors_from(self, topic: TopicName, from_offset: int, stop: int) -> list[ObjectDescriptor]:
         """Descriptors overlapping [from_offset, stop), in start order, read by key range.
@@ -271,14 +390,24 @@ class TopicCatalog:
         the one `_covering_start` finds.
         """
         stop_key = self._keys.object_key(topic, stop)
-        hint = next((a for a, b in self._spans.get(str(topic), ()) if a <= from_offset <= b), None)
-        found = []
-        if hint is not None:
-            found = self._parse(self._metadata.get_range(self._keys.object_key(topic, hint), stop_key))
-        if not (found and found[0].start_offset == hint and found[0].end_offset >= from_offset):
-            start_key = self._keys.object_key(topic, self._covering_start(topic, from_offset))
-            found = self._parse(self._metadata.get_range(start_key, stop_key))
-        descriptors = [d for d in found if d.end_offset >= from_offset]
+        audit = self._audits.get(str(topic))
+        if audit is not None and not audit.clean:
+            # Stale keys sit between current ones: the current run comes from the audit, and
+            # only what was uploaded after it from etcd.
+            known = audit.current_descriptors
+            newer_from = known[-1].end_offset + 1 if known else 0
+            newer = self._parse(self._metadata.get_range(self._keys.object_key(topic, newer_from), stop_key))
+            found = [d for d in known if d.start_offset < stop] + [d for d in newer if d.start_offset >= newer_from]
+        else:
+            hint = next((a for a, b in self._spans.get(str(topic), ()) if a <= from_offset <= b), None)
+            found = []
+            if hint is not None:
+                found = self._parse(self._metadata.get_range(self._keys.object_key(topic, hint), stop_key))
+            if not (found and found[0].start_offset == hint and found[0].end_offset >= from_offset):
+                start_key = self._keys.object_key(topic, self._covering_start(topic, from_offset))
+                found = self._parse(self._metadata.get_range(start_key, stop_key))
+        stale = audit.stale_ids() if audit is not None else set()
+        descriptors = [d for d in found if d.end_offset >= from_offset and d.object_id not in stale]
         self._spans[str(topic)] = [(d.start_offset, d.end_offset) for d in descriptors]
         return descriptors
 
@@ -322,6 +451,16 @@ class TopicCatalog:
             size = self._object_size(url, size)  # the writer's size is unreliable (spec §9.3)
         return StoredObject.build(d.object_id, url, d.start_offset, d.end_offset, size, d.created_at,
                                   d.offset_index)
+
+    def storage_options_for(self, url: str) -> dict:
+        """fsspec options for an object or WAL URL (storage options apply to their protocol)."""
+        if self._wal is not None:
+            return self._wal.options_for(url)
+        return WalFinder(WAL_AUTO, self._store_url, self._storage_options).options_for(url)
+
+    def objects_url(self, topic: TopicName) -> str:
+        """URL of the topic's objects directory, with a trailing slash."""
+        return self._objects_url(topic)
 
     def _objects_url(self, topic: TopicName) -> str:
         """URL of the topic's objects directory, with a trailing slash (computed once)."""

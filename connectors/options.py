@@ -55,13 +55,14 @@ MAX_PARTITION_BYTES = "maxPartitionBytes"
 SUBSCRIPTION = "subscription"
 FAIL_ON_DATA_LOSS = "failOnDataLoss"
 INCLUDE_SOURCE = "includeSource"
+SALVAGE = "salvage"
 
 KNOWN_OPTIONS = (
     ETCD_ENDPOINTS, ETCD_USER, ETCD_PASSWORD, ETCD_CA_CERT, ETCD_CERT_KEY, ETCD_CERT_CERT,
     ETCD_TIMEOUT_MS, ROOT_PREFIX, STORAGE_URL, STORAGE_OPTIONS, WAL_ROOT, TOPIC, TOPIC_PATTERN,
     NAMESPACE, STARTING_OFFSETS, STARTING_TIMESTAMP, ENDING_OFFSETS, ENDING_TIMESTAMP,
     MAX_MESSAGES_PER_TRIGGER, MAX_BYTES_PER_TRIGGER, MIN_MESSAGES_PER_TRIGGER, MAX_TRIGGER_DELAY,
-    MAX_PARTITION_BYTES, SUBSCRIPTION, FAIL_ON_DATA_LOSS, INCLUDE_SOURCE,
+    MAX_PARTITION_BYTES, SUBSCRIPTION, FAIL_ON_DATA_LOSS, INCLUDE_SOURCE, SALVAGE,
 )
 _BY_LOWER = {key.lower(): key for key in KNOWN_OPTIONS}
 
@@ -144,6 +145,7 @@ class DanubeOptions:
     subscription: str | None = None
     fail_on_data_loss: bool = True
     include_source: bool = False
+    salvage: tuple[str, ...] | None = None  # object ids / WAL file URLs of an older run
 
     def starting_for(self, streaming: bool) -> Position:
         """The starting position, defaulting as Spark's Kafka source does."""
@@ -162,6 +164,8 @@ class DanubeOptions:
             raise ConfigError(
                 f"options {ENDING_OFFSETS!r} and {ENDING_TIMESTAMP!r} are only valid for batch reads"
             )
+        if self.salvage is not None:
+            raise ConfigError(f"option {SALVAGE!r} is only valid for batch reads (spark.read)")
 
     def require_batch(self) -> None:
         """Checks only a batch read needs; ConfigError naming the option."""
@@ -180,6 +184,7 @@ class DanubeOptions:
 def parse_options(raw: Mapping[str, str]) -> DanubeOptions:
     """Validate every option of one read (keys matched case-insensitively)."""
     opts = _normalise(raw)
+    salvage = _salvage(opts)
     options = DanubeOptions(
         etcd=_etcd(opts),
         storage_url=_required(opts, STORAGE_URL),
@@ -198,7 +203,8 @@ def parse_options(raw: Mapping[str, str]) -> DanubeOptions:
         max_partition_bytes=_size(opts, MAX_PARTITION_BYTES) or DEFAULT_MAX_PARTITION_BYTES,
         subscription=_subscription(opts),
         fail_on_data_loss=_boolean(opts, FAIL_ON_DATA_LOSS, True),
-        include_source=_boolean(opts, INCLUDE_SOURCE, False),
+        include_source=salvage is not None or _boolean(opts, INCLUDE_SOURCE, False),
+        salvage=salvage,
     )
     _check_combinations(opts)
     return options
@@ -401,6 +407,30 @@ def _offsets_json(key: str, text: str, accepted: str, lowest: int) -> dict[str, 
             raise _invalid(key, text, f"{accepted}; topic {name!r} has offset {offset!r}")
         offsets[topic] = offset
     return offsets
+
+
+def _salvage(opts: Mapping[str, str]) -> tuple[str, ...] | None:
+    """Object ids and WAL file URLs to read whole, for one topic, with their provenance."""
+    from danube_core.objectstore import OBJECT_ID_PATTERN
+
+    value = _get(opts, SALVAGE)
+    if value is None:
+        return None
+    names = tuple(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
+    accepted = ("comma-separated object ids (data-<start>-<secs>.dnb1) and WAL file URLs or paths, "
+                "as `python -m connectors.topic_inspector runs` lists them")
+    if not names or any(not OBJECT_ID_PATTERN.match(n) and "/" not in n for n in names):
+        raise _invalid(SALVAGE, value, accepted)
+    topics = _get(opts, TOPIC)
+    if topics is None or "," in topics:
+        raise ConfigError(f"option {SALVAGE!r} needs option {TOPIC!r} naming exactly one topic "
+                          "(a partition's own name for a partitioned topic)")
+    clashing = [k for k in (STARTING_OFFSETS, STARTING_TIMESTAMP, ENDING_OFFSETS, ENDING_TIMESTAMP)
+                if k.lower() in opts]
+    if clashing:
+        raise ConfigError(f"option {SALVAGE!r} reads the named sources whole; it excludes "
+                          f"{', '.join(repr(k) for k in clashing)}")
+    return names
 
 
 def _subscription(opts: Mapping[str, str]) -> str | None:

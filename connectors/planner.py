@@ -93,6 +93,7 @@ def plan_tasks(
         if e == s:
             continue
         snap = _snapshot_of(snapshots, topic)
+        lost.extend(_report_reuse(snap, s, e, fail_on_data_loss))
         pieces, gaps = _cover(snap, s, e)
         for gap in gaps:
             lost.append(report(topic, gap.start, gap.stop, gap.reason,
@@ -100,6 +101,22 @@ def plan_tasks(
         for piece in pieces:
             tasks.extend(_tasks_for(snap, piece, max_partition_bytes, fail_on_data_loss))
     return PlanResult(tasks, lost)
+
+
+def _report_reuse(snap: TopicSnapshot, s: int, e: int, fail_on_data_loss: bool) -> list[LostRange]:
+    """Offsets in `[s, e)` an older run held too: its messages there are lost to this read.
+
+    The current run's messages at those offsets are still read (never a mix of two runs at
+    one offset); the older run's stay in storage for a salvage read.
+    """
+    lost = []
+    for reused in snap.reused:
+        lo, hi = max(reused.start, s), min(reused.stop, e)
+        if lo < hi:
+            names = ", ".join(src.name for src in reused.sources if src.url) or None
+            lost.append(report(snap.topic, lo, hi, reused.describe(),
+                               fail_on_data_loss=fail_on_data_loss, source=names))
+    return lost
 
 
 def _start_of(start: dict[str, int], topic: str) -> int:

@@ -80,7 +80,9 @@ class TopicSnapshot:
     `objects`: descriptors overlapping the range the snapshot was taken for, by start offset
     (gaps and overlaps left in: the planner reports them). `wal`: a chain of runs with
     consecutive offsets ending at the WAL head (empty when no WAL is reachable or configured).
-    `latest_offset`: end-exclusive, the next offset not yet readable.
+    `latest_offset`: end-exclusive, the next offset not yet readable. `reused`: offsets the
+    current run holds that an older run held too (`connectors.topic_runs.ReusedRange`), which
+    the planner reports as data loss wherever a batch reads them.
     """
 
     topic: str
@@ -90,6 +92,7 @@ class TopicSnapshot:
     object_storage_options: dict = field(default_factory=dict)
     wal_storage_options: dict = field(default_factory=dict)
     sealed_offset: int | None = None
+    reused: list = field(default_factory=list)
 
     @property
     def wal_start(self) -> int | None:

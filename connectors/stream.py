@@ -71,6 +71,7 @@ class _DriverState:
         self.last_batch_ms = time.monotonic() * 1000
         self.reported: dict | None = None
         self.lag_recorded_at = float("-inf")
+        self.skipped: dict[str, int] = {}  # offsets skipped so far (failOnDataLoss=false)
 
     def close(self) -> None:
         try:
@@ -137,7 +138,26 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snapshots = state.catalog.snapshots({t: max(0, min(begin[t], e) - 1) for t, e in latest.items()}, latest)
         self._report_lag(state, begin, latest, snapshots)
         end = self._admit(state, begin, latest, limit, snapshots)
+        self._report_losses(state, begin, end, snapshots)
         return self._offset(end)
+
+    def _report_losses(self, state: _DriverState, begin: dict[str, int], end: dict[str, int],
+                       snapshots: dict[str, "TopicSnapshot"]) -> None:
+        """Query progress names what this query cannot read: offsets skipped (so far and in this
+        batch, by reuse) and tails held by WALs it cannot reach."""
+        assert state.reported is not None
+        skipped = dict(state.skipped)
+        if not self.options.fail_on_data_loss:
+            for topic, snap in snapshots.items():
+                reused = sum(max(0, min(r.stop, end.get(topic, 0)) - max(r.start, begin.get(topic, 0)))
+                             for r in snap.reused)
+                if reused:
+                    skipped[topic] = skipped.get(topic, 0) + reused
+        if skipped:
+            state.reported["skippedOffsets"] = dict(sorted(skipped.items()))
+        unread = state.catalog.unread_tails()
+        if unread:
+            state.reported["unreadTail"] = dict(sorted(unread.items()))
 
     def _admit(
         self, state: _DriverState, begin: dict[str, int], latest: dict[str, int], limit: ReadLimit,
@@ -184,7 +204,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state = self._driver()
         stop = SourceOffset.from_json_dict(end).positions
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, stop, state.catalog)
-        return list(plan_partitions(state.catalog, self.options, begin, stop))
+        return list(plan_partitions(state.catalog, self.options, begin, stop, state.skipped))
 
     def commit(self, end: dict) -> None:
         self._driver().writer.commit(SourceOffset.from_json_dict(end).positions)
@@ -252,9 +272,12 @@ def _put(entry: dict[str, int], key: str, value: int | None) -> None:
 
 
 def _plan(snap: "TopicSnapshot", start: int, end: int) -> list | None:
+    import dataclasses
+
     from connectors.planner import plan_tasks
     from danube_core.errors import DataLossError
 
+    snap = dataclasses.replace(snap, reused=[])  # reuse is reported when the batch is planned
     try:
         plan = plan_tasks({snap.topic: snap}, {snap.topic: start}, {snap.topic: end},
                           max_partition_bytes=_UNSPLIT, fail_on_data_loss=True)

@@ -145,6 +145,27 @@ class SubscriptionLag(_Row):
     ms: int | None
 
 
+@dataclass(frozen=True)
+class RunRow(_Row):
+    """One source of a topic's messages and the run it belongs to (`connectors.topic_runs`).
+
+    `run` is `current` (what reads return) or `older` (offsets a newer run reused, or will
+    reuse: read it with the batch option `salvage=<source>`). Offsets inclusive.
+    """
+
+    topic: str
+    run: str
+    kind: str  # object | wal | sealed-state
+    source: str  # object id or WAL file URL: what `salvage` takes
+    first_offset: int
+    last_offset: int
+    referenced: bool  # a descriptor points at it
+    created_at: int | None  # upload time of an object (seconds)
+    first_publish_ms: int | None
+    last_publish_ms: int | None
+    note: str
+
+
 class TopicInspector:
     """Read-only views of topics, built from the `danube` source options."""
 
@@ -249,6 +270,37 @@ class TopicInspector:
             return None
         state = SealedState.from_json(raw, key)
         return SealedRow(str(t), state.sealed, state.last_committed_offset, state.broker_id, state.timestamp)
+
+    def runs(self, topic: str) -> list[RunRow]:
+        """Every object and WAL run of the topic, sorted into its current run and older ones.
+
+        Older sources are read whole to give their publish-time range (this is for deciding
+        what to salvage, not for planning).
+        """
+        audit = self.catalog.audit(topic)
+        snap = self.catalog.snapshot(topic, 0)
+        rows = [RunRow(topic, "current", "object", o.object_id, o.start_offset, o.end_offset, True,
+                       o.created_at, None, None, "") for o in snap.objects]
+        rows += [RunRow(topic, "current", "wal", w.url, w.first_offset, w.stop_offset - 1, False,
+                        None, None, None, "not uploaded yet") for w in snap.wal if w.stop_offset > w.first_offset]
+        for src in audit.stale_sources:
+            first_ms, last_ms = self._publish_range(topic, src.name) if src.url else (None, None)
+            rows.append(RunRow(topic, "older", src.kind, src.name, src.first_offset, src.last_offset,
+                               src.referenced, src.created_at, first_ms, last_ms, src.note))
+        return rows
+
+    def _publish_range(self, topic: str, source: str) -> tuple[int | None, int | None]:
+        from connectors.salvage import salvage_tasks
+        from connectors.task_reader import read_task
+
+        times = [int(t) for task in salvage_tasks(self.catalog, topic, [source], fail_on_data_loss=False)
+                 for batch in read_task(task, ["publish_time"]) for t in batch.column(0).to_numpy()]
+        return (min(times), max(times)) if times else (None, None)
+
+    def unread_tail(self, topic: str) -> dict | None:
+        """The tail a WAL this inspector cannot read holds (owner, from offset, evidence), or None."""
+        self.catalog.latest_offsets([topic])
+        return self.catalog.unread_tails().get(topic)
 
     # ---- subscriptions ------------------------------------------------------------------
 

@@ -3,9 +3,14 @@
 The planner needs the byte position of every WAL frame past the last uploaded offset, and the
 WAL head, on every micro-batch. `WalFinder` locates WAL directories: the owning broker's (from
 its `/cluster/brokers/{id}/{ns}/{topic}` assignment, with `walRoot=auto` through the `wal_url`
-of its `/cluster/register/{id}` record, or a URL template with `{broker_id}`; or one fixed
-URL), and other brokers' only when the owner's WAL does not reach back far enough (a topic that
-moved, §6.3). Runs found there are chained back from the head without gaps.
+of its `/cluster/register/{id}` record, a URL template with `{broker_id}`, or a JSON map from
+broker id to WAL root URL; or one fixed URL), and other brokers' only when the owner's WAL does
+not reach back far enough (a topic that moved, §6.3). Runs found there are chained back from
+the head without gaps.
+
+Real v0.7.3 brokers register no `wal_url`, so with `walRoot=auto` their WAL cannot be found:
+`WalFinder.unreachable` records, per topic, the owner whose WAL could not be read and why, so
+the catalog can name it (once per query) and report the unread tail instead of dropping it.
 
 Reading whole WAL files each time would cost the WAL's size per batch, so the scan state is
 kept per file (`_FileScan`) and each call reads only bytes added since; a file that shrank or
@@ -18,6 +23,7 @@ frames of the same `wal.log` (§6.6), which starts a new run.
 
 from __future__ import annotations
 
+import json
 import logging
 import posixpath
 from dataclasses import dataclass
@@ -29,7 +35,7 @@ from danube_core import keys
 from danube_core.checkpoints import (
     UPLOADER_CHECKPOINT_NAME, WAL_CHECKPOINT_NAME, UploaderCheckpoint, WalCheckpoint,
 )
-from danube_core.errors import CheckpointError
+from danube_core.errors import CheckpointError, ConfigError
 from danube_core.metadata import MetadataStore
 from danube_core.objectstore import normalize_url, translate_error
 from danube_core.records import BrokerRegistration, BrokerState
@@ -41,6 +47,43 @@ WAL_AUTO = "auto"
 WAL_NONE = "none"
 BROKER_ID_FIELD = "{broker_id}"
 SCAN_CHUNK_BYTES = 8 * 1024 * 1024
+WAL_ROOT_FORMS = ("'auto', 'none', an fsspec URL or path of a shared WAL root, a URL template "
+                  "with {broker_id}, or a JSON object {\"<broker id>\": \"<WAL root URL>\"}")
+
+
+def parse_wal_map(value: str) -> dict[int, str] | None:
+    """The JSON-map form of `walRoot` (`{"<broker id>": "<url>"}`), None for the other forms.
+
+    ConfigError naming the option and the bad entry when the map is malformed.
+    """
+    if not value.lstrip().startswith("{"):
+        return None
+    try:
+        raw = json.loads(value)
+    except ValueError as exc:
+        raise ConfigError(f"invalid value {value!r} for option 'walRoot': expected {WAL_ROOT_FORMS} "
+                          f"({exc})") from exc
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"invalid value {value!r} for option 'walRoot': expected {WAL_ROOT_FORMS}")
+    parsed: dict[int, str] = {}
+    for broker, url in raw.items():
+        if not (isinstance(broker, str) and broker.isdigit() and int(broker) < 2**64):
+            raise ConfigError(f"option 'walRoot': key {broker!r} is not a broker id (a decimal u64, "
+                              "as in /cluster/register/<id>)")
+        if not isinstance(url, str) or not url.strip():
+            raise ConfigError(f"option 'walRoot': broker {broker} maps to {url!r}; expected the URL "
+                              "or path of that broker's WAL root (its wal_cloud.wal.dir)")
+        parsed[int(broker)] = url.strip()
+    return parsed
+
+
+@dataclass(frozen=True)
+class UnreachableWal:
+    """Why the owner's WAL of a topic could not be read (for the warning and query progress)."""
+
+    broker_id: int | None
+    url: str | None
+    reason: str
 
 
 @dataclass
@@ -74,17 +117,20 @@ class ClusterView:
 
 
 class WalFinder:
-    """The WAL chain of a topic, from the WAL root option (`auto`, a URL, or a template)."""
+    """The WAL chain of a topic, from the WAL root option (`auto`, a URL, a template or a map)."""
 
     def __init__(self, wal_root: str, storage_url: str, storage_options: dict) -> None:
         self.wal_root = wal_root
+        self._map = parse_wal_map(wal_root)
         self._storage_scheme = normalize_url(storage_url).split("://", 1)[0]
         self._storage_options = storage_options
         self._scanner = WalDirScanner()
+        self.unreachable: dict[str, UnreachableWal] = {}  # topic -> why its owner's WAL is unread
+        self.stale_runs: dict[str, list[WalRun]] = {}  # topic -> runs of the last call not chained
 
     @property
     def per_broker(self) -> bool:
-        return self.wal_root == WAL_AUTO or BROKER_ID_FIELD in self.wal_root
+        return self.wal_root == WAL_AUTO or BROKER_ID_FIELD in self.wal_root or self._map is not None
 
     def options_for(self, url: str) -> dict:
         """Storage options apply to WAL URLs on the storage URL's protocol only."""
@@ -93,43 +139,84 @@ class WalFinder:
 
     def chain(self, topic: TopicName, needed_from: int, cluster: ClusterView | None,
               sealed_broker: int | None) -> list[WalRun]:
-        """Runs leading without a gap to the WAL head, reaching back to `needed_from` if they can."""
-        owner_dir, other_dirs = self._dirs(topic, cluster, sealed_broker)
-        runs, head = self._runs(owner_dir, needed_from) if owner_dir else ([], None)
+        """Runs leading without a gap to the WAL head, reaching back to `needed_from` if they can.
+
+        Also records why the owner's WAL could not be read (`unreachable`) and every scanned run
+        that does not lead to the head (`stale_runs`), for the catalog's run audit.
+        """
+        owner, owner_dir, other_dirs = self._dirs(topic, cluster, sealed_broker)
+        self.unreachable.pop(str(topic), None)
+        runs, head = [], None
+        if owner_dir is None:
+            if owner is not None:
+                self.unreachable[str(topic)] = UnreachableWal(owner, None, self._no_url_reason(owner))
+        else:
+            scan = self._runs(owner_dir, needed_from)
+            runs, head = scan.runs, scan.head
+            if not scan.exists:
+                self.unreachable[str(topic)] = UnreachableWal(
+                    owner, owner_dir, "its WAL directory does not exist (or holds no WAL files)")
         if head is None or head.first_offset > needed_from:
-            others = [run for d in other_dirs for run in self._runs(d, needed_from)[0]]
+            others = [run for d in other_dirs for run in self._runs(d, needed_from).runs]
             if head is None:
                 head = max((r for r in others if r.first_offset <= needed_from < r.stop_offset),
                            key=lambda r: r.stop_offset, default=None)
             runs = others + runs  # the owner's runs last: preferred when chaining
-        return chain_wal_runs(head, runs, needed_from) if head is not None else []
+        chain = chain_wal_runs(head, runs, needed_from) if head is not None else []
+        self.stale_runs[str(topic)] = _not_leading_to(chain, runs, needed_from)
+        return chain
 
-    def _runs(self, dir_url: str, needed_from: int) -> tuple[list[WalRun], WalRun | None]:
+    def _no_url_reason(self, broker_id: int) -> str:
+        if self._map is not None:
+            return "walRoot maps no WAL URL for it"
+        return ("it registers no wal_url (real Danube brokers never do), so walRoot=auto cannot "
+                "find its WAL")
+
+    def _runs(self, dir_url: str, needed_from: int) -> "DirScan":
         return self._scanner.runs(dir_url, needed_from, self.options_for(dir_url))
 
     def _dirs(self, topic: TopicName, cluster: ClusterView | None,
-              sealed_broker: int | None) -> tuple[str | None, list[str]]:
-        """(the owner's WAL dir, other brokers' dirs where earlier owners may have written)."""
+              sealed_broker: int | None) -> tuple[int | None, str | None, list[str]]:
+        """(owner id, the owner's WAL dir, other brokers' dirs where earlier owners may have written)."""
         path = topic.storage_path
         if not self.per_broker or cluster is None:
-            return _join(self.wal_root, path), []
+            return None, _join(self.wal_root, path), []
         owner = cluster.owners.get(path)
-        candidates = (sealed_broker, *sorted(cluster.wal_urls))
+        candidates = (sealed_broker, *sorted(cluster.wal_urls), *sorted(self._map or ()))
         others = dict.fromkeys(b for b in candidates if b not in (None, owner))
         other_dirs = [self._broker_dir(b, path, cluster) for b in others]
-        return self._broker_dir(owner, path, cluster), [d for d in other_dirs if d]
+        return owner, self._broker_dir(owner, path, cluster), [d for d in other_dirs if d]
 
     def _broker_dir(self, broker_id: int | None, path: str, cluster: ClusterView) -> str | None:
         if broker_id is None:
             return None
+        if self._map is not None:
+            root = self._map.get(broker_id)
+            return _join(root, path) if root else None
         if self.wal_root == WAL_AUTO:
             root = cluster.wal_urls.get(broker_id)
             return _join(root, path) if root else None
         return _join(self.wal_root.replace(BROKER_ID_FIELD, str(broker_id)), path)
 
 
+def _not_leading_to(chain: list[WalRun], runs: list[WalRun], needed_from: int) -> list[WalRun]:
+    """Scanned runs with frames at or above `needed_from` that are not part of the chain."""
+    chained = {(r.url, r.first_offset) for r in chain}
+    return [r for r in runs if r.stop_offset > max(r.first_offset, needed_from)
+            and (r.url, r.first_offset) not in chained]
+
+
 def _join(root: str, path: str) -> str:
     return normalize_url(root).rstrip("/") + "/" + path
+
+
+@dataclass(frozen=True)
+class DirScan:
+    """What one scan of a WAL directory found. `exists`: the directory holds WAL files."""
+
+    runs: list[WalRun]
+    head: WalRun | None
+    exists: bool
 
 
 class WalDirScanner:
@@ -138,9 +225,14 @@ class WalDirScanner:
     def __init__(self) -> None:
         self._files: dict[str, _FileScan] = {}
 
-    def runs(self, dir_url: str, needed_from: int, options: dict) -> tuple[list[WalRun], WalRun | None]:
+    def runs(self, dir_url: str, needed_from: int, options: dict) -> DirScan:
         """Runs of the dir's files that may hold offsets >= needed_from, and the head run (the
-        last run of the active file named by `wal.ckpt`, else of the newest file)."""
+        last run of the active file named by `wal.ckpt`, else of the newest file).
+
+        The file list comes from `wal.ckpt` and a listing, so a directory without checkpoint
+        is read too; empty files (the real broker leaves many) hold no runs; the checkpoint's
+        recorded first offsets are never trusted, only frame headers (spec §3.2).
+        """
         from fsspec.core import url_to_fs
 
         from broker.wal_files import list_segments
@@ -151,7 +243,7 @@ class WalDirScanner:
             uploader = _read_ckpt(fs, path, UPLOADER_CHECKPOINT_NAME, UploaderCheckpoint)
             segments = list_segments(path, ckpt, fs)
         except FileNotFoundError:
-            return [], None
+            return DirScan([], None, False)
         except (OSError, ValueError) as exc:
             raise translate_error(exc, dir_url, "list WAL directory") from exc
         active = _active_segment(segments, ckpt)
@@ -168,7 +260,7 @@ class WalDirScanner:
             runs.extend(seg_runs)
             if seg is active and seg_runs:
                 head = seg_runs[-1]
-        return runs, head if head is not None else (runs[-1] if runs else None)
+        return DirScan(runs, head if head is not None else (runs[-1] if runs else None), bool(segments))
 
     def _scan(self, fs, path: str, hint: tuple[int, int] | None) -> list[WalRun]:
         url = fs.unstrip_protocol(path)
@@ -189,6 +281,23 @@ class WalDirScanner:
         except OSError as exc:
             raise translate_error(exc, url, "scan WAL file") from exc
         return [WalRun(url, run.first_offset, run.view()) for run in scan.runs]
+
+
+def scan_file_runs(url: str, options: dict) -> list[WalRun]:
+    """Every run of consecutive offsets in one WAL file or object, by a header-only scan.
+
+    For files no catalog state describes: an object no descriptor references, a WAL file
+    named for salvage. Reading stops at a torn tail or a CRC mismatch (logged).
+    """
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, path = url_to_fs(normalize_url(url), **options)
+        scan = _FileScan(b"", 0, None)
+        scan.advance(fs, path, fs.size(path))
+    except OSError as exc:
+        raise translate_error(exc, url, "scan frames of") from exc
+    return [WalRun(url, run.first_offset, run.view()) for run in scan.runs]
 
 
 class _GrowingRun:

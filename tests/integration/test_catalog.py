@@ -27,10 +27,10 @@ from tests.topic_builder import PAYLOAD_OFFSET_IN_FRAME, TopicBuilder, corrupt_b
 
 
 class CountingMetadata:
-    """Delegates to a real store and counts the rows its range reads return."""
+    """Delegates to a real store; counts the rows range reads return and whole-history reads."""
 
     def __init__(self, inner: MetadataStore) -> None:
-        self.inner, self.rows = inner, 0
+        self.inner, self.rows, self.history_reads = inner, 0, 0
 
     def get_range(self, start_key, end_key, limit=None):
         rows = self.inner.get_range(start_key, end_key, limit)
@@ -38,7 +38,7 @@ class CountingMetadata:
         return rows
 
     def get_prefix(self, prefix, keys_only=False):
-        assert "/objects/" not in prefix, "descriptors must be read by range, not by prefix"
+        self.history_reads += "/objects/" in prefix
         return self.inner.get_prefix(prefix, keys_only)
 
     def __getattr__(self, name):
@@ -129,6 +129,9 @@ def test_planning_reads_descriptors_by_range_not_the_whole_history(metadata, mak
         b.upload()
     counting = CountingMetadata(metadata)
     cat = catalog(counting, s3_store, wal_root="none")
+    cat.latest_offsets([b.name])  # the run audit reads the whole history once per catalog
+    assert counting.history_reads == 1
+    counting.rows = 0
     snap = cat.snapshot(b.name, 187)
     assert [o.start_offset for o in snap.objects] == [185, 190, 195]
     assert counting.rows <= 8  # `cur`'s range, the covering descriptor and the two after it
@@ -138,6 +141,7 @@ def test_planning_reads_descriptors_by_range_not_the_whole_history(metadata, mak
     counting.rows = 0
     assert [o.start_offset for o in cat.snapshot(b.name, 197).objects] == [195]
     assert counting.rows == 1
+    assert counting.history_reads == 1
 
 
 def test_walroot_none_reads_sealed_objects_only(metadata, make, s3_store, unique_name):
@@ -287,21 +291,26 @@ def test_gap_in_the_descriptor_chain_is_data_loss(metadata, make, s3_store, uniq
         plan(catalog(metadata, s3_store, wal_root="none"), b.name, 0, 30)
 
 
-def test_restart_at_0_overwriting_descriptor_0_is_detected(metadata, make, s3_store, unique_name):
+def test_restart_at_0_overwriting_descriptor_0_is_reuse_and_data_loss(metadata, make, s3_store, unique_name):
     b = make(f"/default/{unique_name('t')}")
     b.append(100)
-    b.upload()
+    first = b.upload()
     b.append(100)
-    b.upload()
+    second = b.upload()
     b.crash_restart(secrets.randbits(64))
     b.append(30)
-    b.upload()  # overwrites descriptor 0 with offsets 0..29 of the new generation
-    with_wal = catalog(metadata, s3_store)
-    assert with_wal.latest_offsets([b.name]) == {b.name: 30}
-    with pytest.raises(DataLossError, match="offsets went backwards"):
-        plan(with_wal, b.name, 200, 30)
-    assert read_back(with_wal, b.name, 0, 30) == [b.messages[o] for o in range(30)]
-    sealed_only = catalog(metadata, s3_store, wal_root="none")
-    assert sealed_only.latest_offsets([b.name]) == {b.name: 200}
-    with pytest.raises(DataLossError, match=r"\[30, 100\)"):
-        plan(sealed_only, b.name, 0, 200)
+    b.upload()  # overwrites descriptor 0 with offsets 0..29 of the new run
+    for wal_root in ("auto", "none"):
+        strict = catalog(metadata, s3_store, wal_root=wal_root)
+        assert strict.latest_offsets([b.name]) == {b.name: 30}
+        with pytest.raises(DataLossError, match="offsets went backwards"):
+            plan(strict, b.name, 200, 30)
+        with pytest.raises(DataLossError, match=rf"\[0, 30\).*reused.*{first.object_id}"):
+            plan(strict, b.name, 0, 30)
+        skipping = catalog(metadata, s3_store, wal_root=wal_root, fail=False)
+        result = plan(skipping, b.name, 0, 30, fail=False)
+        assert result.lost_offsets == {b.name: 30}
+        assert messages_of(x for t in result.tasks for x in read_task(t)) == [b.messages[o] for o in range(30)]
+        stale = {(s.name, s.first_offset, s.last_offset, s.referenced)
+                 for s in skipping.audit(b.name).stale_sources}
+        assert stale == {(first.object_id, 0, 99, False), (second.object_id, 100, 199, True)}
