@@ -107,6 +107,7 @@ class WalSection:
     retention_time_minutes: int | None = None
     retention_size_mb: int | None = None
     retention_check_interval_minutes: int = 5
+    http_listen: str | None = None  # our extension: serve the WAL root read-only over HTTP
 
 
 @dataclass(frozen=True)
@@ -343,7 +344,7 @@ def _subscriptions(section: _Reader) -> SubscriptionConfig:
 
 
 def _wal(section: _Reader) -> WalSection:
-    section.only({"dir", "file_name", "cache_capacity", "file_sync", "rotation", "retention"})
+    section.only({"dir", "file_name", "cache_capacity", "file_sync", "rotation", "retention", "http_listen"})
     sync, rotation, retention = section.section("file_sync"), section.section("rotation"), section.section("retention")
     sync.only({"interval_ms", "max_batch_bytes", "durable"})
     rotation.only({"max_bytes", "max_hours"})
@@ -361,7 +362,18 @@ def _wal(section: _Reader) -> WalSection:
         retention_time_minutes=retention.integer("time_minutes", None, 1),
         retention_size_mb=retention.integer("size_mb", None, 1),
         retention_check_interval_minutes=retention.integer("check_interval_minutes", 5, 1),
+        http_listen=section.value("http_listen", None, _is_listen, "host:port (port 0 picks a free one)"),
     )
+
+
+def _is_listen(value: object) -> bool:
+    from broker.wal_http import parse_listen
+
+    try:
+        parse_listen(str(value))
+    except ValueError:
+        return False
+    return True
 
 
 def _uploader(section: _Reader) -> UploaderSection:

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 
@@ -35,6 +36,7 @@ from broker.storage_engine import StorageEngine, StorageSettings
 from broker.topic import random_id
 from broker.topics_registry import TopicRegistry
 from broker.wal import WalConfig
+from broker.wal_http import WalHttpServer, parse_listen
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +114,7 @@ class BrokerServer:
         self.metadata: MetadataStore | None = None
         self.service: BrokerService | None = None
         self._etcd: EmbeddedEtcd | None = None
+        self._wal_http: WalHttpServer | None = None
         self._grpc: grpc.aio.Server | None = None
         self._engine: StorageEngine | None = None
         self._membership: ClusterMembership | None = None
@@ -161,7 +164,7 @@ class BrokerServer:
             broker_url=cfg.listener.broker_url,
             connect_url=cfg.listener.connect_url,
             prom_exporter=f"{cfg.listener.host}:{cfg.listener.prometheus_port}" if cfg.listener.prometheus_port else None,
-            wal_url="file://" + os.path.abspath(cfg.wal.dir),
+            wal_url=self._wal_url(),
         )
         self._membership = ClusterMembership(self.metadata, self.broker_id, registration, cfg.cluster_name,
                                              cfg.coordination)
@@ -172,6 +175,16 @@ class BrokerServer:
                                         coordination.leader_check_interval_seconds,
                                         on_elected=self._assigner.start, on_deposed=self._assigner.stop)
         self._election.start()
+
+    def _wal_url(self) -> str:
+        """Where readers find this broker's WAL: served over HTTP if configured, else its path."""
+        cfg = self.config
+        if cfg.wal.http_listen is None:
+            return "file://" + os.path.abspath(cfg.wal.dir)
+        host, port = parse_listen(cfg.wal.http_listen)
+        self._wal_http = WalHttpServer(cfg.wal.dir, host, port).start()
+        advertised = urlsplit(cfg.listener.broker_url).hostname if host in ("0.0.0.0", "::") else host
+        return self._wal_http.url(advertised)
 
     async def wait(self) -> None:
         await self._stopped.wait()
@@ -201,5 +214,7 @@ class BrokerServer:
             await self._grpc.stop(grace=1.0)
         if self.metadata is not None:
             self.metadata.close()
+        if self._wal_http is not None:
+            self._wal_http.stop()
         if self._etcd is not None:
             self._etcd.stop()

@@ -173,7 +173,14 @@ class WalFinder:
                 "find its WAL")
 
     def _runs(self, dir_url: str, needed_from: int) -> "DirScan":
-        return self._scanner.runs(dir_url, needed_from, self.options_for(dir_url))
+        from danube_core.errors import ObjectStoreError
+
+        try:
+            return self._scanner.runs(dir_url, needed_from, self.options_for(dir_url))
+        except ObjectStoreError as exc:
+            raise type(exc)(f"the WAL directory {dir_url} (from option walRoot={self.wal_root!r}) "
+                            f"cannot be read: {exc}. Check that the URL is reachable from the Spark "
+                            "driver and executors, or set walRoot to one that is") from exc
 
     def _dirs(self, topic: TopicName, cluster: ClusterView | None,
               sealed_broker: int | None) -> tuple[int | None, str | None, list[str]]:

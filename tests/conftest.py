@@ -158,6 +158,33 @@ def spark():
 _RUNNING_ETCD: list[EmbeddedEtcd] = []  # the session's etcd once a test has started it
 
 
+@pytest.fixture(scope="session")
+def golden_etcd() -> Iterator[EmbeddedEtcd]:
+    """An etcd of its own for the real broker's golden scenarios: their keys are cluster-wide
+    (`/cluster/leader`, registrations) and must never meet the suite's brokers."""
+    from tests.golden import GOLDEN_DIR
+
+    if not GOLDEN_DIR.is_dir():
+        pytest.skip(f"the golden corpus is not at {GOLDEN_DIR}")
+    server = EmbeddedEtcd()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def golden(golden_etcd: EmbeddedEtcd):
+    """`golden("moved")` replays that scenario's etcd keys and returns its read options."""
+    from danube_core.metadata import EtcdMetadataStore
+    from tests.golden import GoldenScenario, replay
+
+    def load(scenario: str) -> GoldenScenario:
+        with EtcdMetadataStore(golden_etcd.endpoint) as store:
+            replay(store, scenario)
+        return GoldenScenario(scenario, golden_etcd.endpoint)
+
+    return load
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _fake_registrations_removed() -> Iterator[None]:
     """After each test module, remove the fake broker registrations its TopicBuilders left in etcd.
