@@ -5,8 +5,9 @@ storage (objects no descriptor references, stale descriptors' objects, WAL files
 longer in the topic's offset space, so no ordinary read returns them. The batch option
 `salvage` names those sources (as `python -m connectors.topic_inspector runs` lists them);
 each is scanned for its runs of consecutive offsets and read whole, every CRC checked, with
-the source (object id or WAL file URL) in the `source` column, so a table can keep both
-runs' messages apart.
+the source in the `source` column (the object id, or `<WAL file URL>#<byte>` of the run's
+first frame: one `wal.log` can hold two runs with the same offsets), so a table can keep both
+runs' messages apart. A WAL file named with `#<byte>` reads only the run starting there.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from connectors.read_task import ReadTask
+from connectors.topic_runs import wal_run_name
 from connectors.wal_scan import scan_file_runs
 from danube_core.errors import ConfigError, ObjectMissingError
 from danube_core.objectstore import OBJECT_ID_PATTERN
@@ -30,7 +32,9 @@ def salvage_tasks(
     tasks = []
     for name in names:
         is_object = bool(OBJECT_ID_PATTERN.match(name))
-        url = catalog.objects_url(TopicName.parse(topic)) + name if is_object else name
+        url, _, at = (catalog.objects_url(TopicName.parse(topic)) + name, "", "") if is_object else name.partition("#")
+        if at and not at.isdigit():
+            raise ConfigError(f"option 'salvage': {name!r}: expected <WAL file URL>#<byte position of a run>")
         options = catalog.storage_options_for(url)
         try:
             runs = scan_file_runs(url, options)
@@ -38,11 +42,13 @@ def salvage_tasks(
             kind = "object" if is_object else "WAL file"
             raise ConfigError(f"option 'salvage': {kind} {name!r} of topic {topic} does not exist "
                               f"({url})") from exc
-        for run in runs:
-            if run.stop_offset <= run.first_offset:
-                continue
+        chosen = [r for r in runs if r.stop_offset > r.first_offset and (not at or int(r.positions[0]) == int(at))]
+        if at and not chosen:
+            raise ConfigError(f"option 'salvage': no run of frames starts at byte {at} of {url}")
+        for run in chosen:
+            source = name if is_object else wal_run_name(url, int(run.positions[0]))
             tasks.append(ReadTask(
-                topic=topic, source=name, url=url, storage_options=options,
+                topic=topic, source=source, url=url, storage_options=options,
                 byte_start=int(run.positions[0]), byte_end=int(run.positions[-1]),
                 start_offset=run.first_offset, end_offset=run.stop_offset,
                 strict=is_object, fail_on_data_loss=fail_on_data_loss,

@@ -66,6 +66,12 @@ class WalRun:
         """One past the last offset (exclusive)."""
         return self.first_offset + len(self.positions) - 1
 
+    @property
+    def identity(self) -> tuple[str, int]:
+        """(file, byte position of the first frame): the same run, even sliced from its start.
+        Offsets cannot tell two runs apart: a restarted broker writes offset 0 again."""
+        return self.url, int(self.positions[0])
+
     def slice(self, start_offset: int, stop_offset: int) -> "WalRun":
         """The frames `[start_offset, stop_offset)` of this run (clamped to it)."""
         lo = max(start_offset, self.first_offset) - self.first_offset

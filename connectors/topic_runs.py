@@ -47,8 +47,8 @@ SEALED_STATE = "sealed-state"
 class RunSource:
     """One place that holds messages of a run: an object, a WAL file's run, a sealed state.
 
-    `name` is what users see and pass to the `salvage` option: the object id or the WAL
-    file's URL. `referenced`: a descriptor points at it (objects only). `created_at`: the
+    `name` is what users see and pass to the `salvage` option: the object id, or the WAL
+    file's URL with `#<byte position>` of the run's first frame. `referenced`: a descriptor points at it (objects only). `created_at`: the
     object's upload time (seconds, from its descriptor or its name), when known.
     """
 
@@ -222,12 +222,12 @@ def audit_runs(
         audit.stale_sources.append(RunSource(OBJECT, object_id, objects_url + object_id, start,
                                              start if last is None else last, False, created,
                                              "no descriptor references it"))
-    chained = {(r.url, r.first_offset) for r in wal_chain}
+    chained = {r.identity for r in wal_chain}
     for run in other_wal_runs:
-        if (run.url, run.first_offset) not in chained and run.stop_offset > run.first_offset:
-            if not _inside_chain(run, wal_chain):
-                audit.stale_sources.append(RunSource(WAL_FILE, run.url, run.url, run.first_offset,
-                                                     run.stop_offset - 1, note="does not lead to the WAL head"))
+        if run.identity not in chained and run.stop_offset > run.first_offset:
+            audit.stale_sources.append(RunSource(WAL_FILE, wal_run_name(run.url, int(run.positions[0])), run.url,
+                                                 run.first_offset, run.stop_offset - 1,
+                                                 note="does not lead to the WAL head"))
     audit.stale_seal = _stale_seal(sealed, current, audit.current_stop)
     if audit.stale_seal is not None:
         s = audit.stale_seal
@@ -238,9 +238,10 @@ def audit_runs(
     return audit
 
 
-def _inside_chain(run: WalRun, chain: Sequence[WalRun]) -> bool:
-    """True if the same file's frames are already part of the chain (a sliced predecessor)."""
-    return any(c.url == run.url and c.first_offset <= run.first_offset < c.stop_offset for c in chain)
+def wal_run_name(url: str, byte_pos: int) -> str:
+    """How users name one run of a WAL file (`salvage`, provenance): `<file URL>#<byte>`.
+    A file may hold two runs with the same offsets (a restart appends to `wal.log`)."""
+    return f"{url}#{byte_pos}"
 
 
 def _stale_seal(sealed: SealedState | None, current: Sequence[ObjectDescriptor],

@@ -207,10 +207,11 @@ class WalFinder:
 
 
 def _not_leading_to(chain: list[WalRun], runs: list[WalRun], needed_from: int) -> list[WalRun]:
-    """Scanned runs with frames at or above `needed_from` that are not part of the chain."""
-    chained = {(r.url, r.first_offset) for r in chain}
-    return [r for r in runs if r.stop_offset > max(r.first_offset, needed_from)
-            and (r.url, r.first_offset) not in chained]
+    """Scanned runs not part of the chain with frames the chain could hold: at or above
+    `needed_from`, or above the chain's start when the head went back below it (a restart)."""
+    chained = {r.identity for r in chain}
+    floor = min(needed_from, chain[0].first_offset) if chain else needed_from
+    return [r for r in runs if r.stop_offset > max(r.first_offset, floor) and r.identity not in chained]
 
 
 def _join(root: str, path: str) -> str:
