@@ -317,11 +317,14 @@ def _root_prefix(opts: Mapping[str, str]) -> str:
 
 
 def _wal_root(opts: Mapping[str, str]) -> str:
+    from connectors.wal_scan import WAL_ROOT_FORMS, parse_wal_map
+
     value = _get(opts, WAL_ROOT)
     if value is None or value.lower() in (WAL_AUTO, WAL_NONE):
         return WAL_AUTO if value is None else value.lower()
     if not value:
-        raise _invalid(WAL_ROOT, value, "'auto', 'none' or an fsspec URL / path of the WAL root")
+        raise _invalid(WAL_ROOT, value, WAL_ROOT_FORMS)
+    parse_wal_map(value)  # the JSON-map form is checked here, before any query starts
     return value
 
 

@@ -70,9 +70,19 @@ class DanubeDataSource(DataSource):
                            names with capitals (Spark lower-cases option keys); the dotted
                            keys are laid over it.
       walRoot              where the newest (not yet uploaded) messages are read from:
-                           `auto` (default) = the `wal_url` each broker registers in etcd;
-                           an fsspec URL/path of a shared WAL root, or a template with
-                           `{broker_id}`; `none` = sealed objects only.
+                           `auto` (default) = the `wal_url` each of our brokers registers
+                           in etcd; an fsspec URL/path of a shared WAL root; a template with
+                           `{broker_id}`; a JSON map `{"<broker id>": "<WAL root URL>"}`;
+                           `none` = sealed objects only. Real Danube brokers register no
+                           `wal_url`: with `auto` their not-yet-uploaded tail is not read,
+                           and the query says so (one warning per topic naming the broker,
+                           and `unreadTail` in query progress). Point it at their WAL root
+                           (`wal_cloud.wal.dir`) through a shared volume, or run the
+                           read-only HTTP server beside each broker
+                           (`python -m broker.wal_http --dir <wal dir> --listen 0.0.0.0:7700`,
+                           fsspec reads it with ranged requests) and map broker ids to
+                           `http://<host>:7700/`. The WAL URL must be reachable from the
+                           driver and every executor.
 
     What (exactly one of)
       topic                a topic or a comma-separated list; a partitioned topic's base
@@ -112,10 +122,26 @@ class DanubeDataSource(DataSource):
                            (`/topics/{ns}/{topic}/subscriptions/{sub}/cursor`, the last
                            offset the sink has written) the query commits. The subscription
                            is registered if missing; a second live query on it is refused.
-      failOnDataLoss       `true` (default): fail on a gap, a missing object, a CRC error
-                           or offsets that go backwards, naming topic, offsets and object;
-                           `false`: log, count and skip.
+      failOnDataLoss       `true` (default): fail on a gap, a missing object, a CRC error,
+                           offsets that go backwards, or offsets a broker reused, naming
+                           topic, offsets and object, before anything is returned or
+                           committed; `false`: log, count and skip (counts in query
+                           progress under `skippedOffsets`).
       includeSource        `true` adds the column `source`: the object id or `wal`.
+      salvage              batch only, with one `topic`: read these sources whole instead
+                           of the topic's offset space: comma-separated object ids
+                           (`data-0-1795442995.dnb1`) and WAL files (`<URL>` for every run
+                           in it, `<URL>#<byte>` for one run), as `python -m connectors runs`
+                           lists them. Adds the `source` column (provenance).
+
+    Offset reuse (real Danube brokers): a broker restarted without a seal, or the new owner
+    of a topic whose move raced its seal, starts again at offset 0 and overwrites
+    descriptors, so one offset names two messages. Reads return the current run only, never
+    a mix of two runs at one offset; the older run's messages at reused offsets are data
+    loss (see failOnDataLoss) and stay in storage. `python -m connectors runs --etcd ...
+    --storage-url ... --topic ...` lists every run (object, WAL file, offsets, publish
+    times, whether a descriptor references it) and the `salvage` value that lands the
+    older runs in a table with their provenance.
 
     Schema: topic string (base name, without `-part-N`), partition int (N, or null),
     offset long, publish_time timestamp, producer_name string, producer_id decimal(20,0),
@@ -125,7 +151,10 @@ class DanubeDataSource(DataSource):
     Progress and lag: each source's `latestOffset` in query progress is JSON with the newest
     offsets and, under `lag`, per topic the messages, bytes and milliseconds (publish_time)
     the subscription is behind; the same is logged at INFO every batch and stored in the
-    subscription's etcd record under `lag`.
+    subscription's etcd record under `lag`. `skippedOffsets` counts per topic what
+    failOnDataLoss=false skipped so far; `unreadTail` names, per topic, the broker whose WAL
+    cannot be read, the first unread offset, and the highest offset etcd proves exists
+    (`atLeastThrough`, from subscription cursors; null when unknown).
     """
 
     def __init__(self, options: MutableMapping[str, str]) -> None:

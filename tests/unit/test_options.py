@@ -221,3 +221,45 @@ def test_password_stays_out_of_repr_and_options_pickle() -> None:
 )
 def test_wal_root(value: str, expected: str) -> None:
     assert parse(walRoot=value).wal_root == expected
+
+
+def test_wal_root_map_of_broker_ids() -> None:
+    value = '{"5951367860471965214": "file:///data/wal-b", "7": "http://host:7700/"}'
+    assert parse(walRoot=value).wal_root == value
+    from connectors.wal_scan import parse_wal_map
+
+    assert parse_wal_map(value) == {5951367860471965214: "file:///data/wal-b", 7: "http://host:7700/"}
+
+
+@pytest.mark.parametrize("value, words", [
+    ('{"b1": "file:///x"}', "key 'b1' is not a broker id"),
+    ('{"7": ""}', "broker 7 maps to ''"),
+    ('{"7": 3}', "broker 7 maps to 3"),
+    ("{}", "JSON object"),
+    ('{"7": "file:///x"', "walRoot"),
+])
+def test_bad_wal_root_map_names_option_and_entry(value: str, words: str) -> None:
+    with pytest.raises(ConfigError, match="walRoot") as info:
+        parse(walRoot=value)
+    assert words in str(info.value)
+
+
+def test_salvage_reads_named_sources_of_one_topic_with_provenance() -> None:
+    opts = parse(salvage="data-0-1795442995.dnb1, file:///w/default/t/wal.log#0")
+    assert opts.salvage == ("data-0-1795442995.dnb1", "file:///w/default/t/wal.log#0")
+    assert opts.include_source is True
+    opts.require_batch()
+    with pytest.raises(ConfigError, match="only valid for batch reads"):
+        parse(salvage="data-0-1.dnb1", subscription="s").require_stream()
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"salvage": "data-x.dnb1"}, "invalid value 'data-x.dnb1' for option 'salvage'"),
+    ({"salvage": " , "}, "for option 'salvage'"),
+    ({"salvage": "data-0-1.dnb1", "topic": "/default/a,/default/b"}, "exactly one topic"),
+    ({"salvage": "data-0-1.dnb1", "startingOffsets": "earliest"}, "excludes 'startingOffsets'"),
+])
+def test_bad_salvage_names_option(extra: dict, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        o.parse_options({**BASE, **extra})
+    assert words in str(info.value)
