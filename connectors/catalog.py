@@ -30,14 +30,13 @@ import logging
 import re
 from typing import Iterable
 
-import numpy as np
 
-from connectors.planner import plan_tasks
 from connectors.snapshot import StoredObject, TopicSnapshot, WalRun
 from connectors.topic_runs import RunAudit, audit_runs, current_chain
-from connectors.wal_scan import WAL_AUTO, WAL_NONE, ClusterView, UnreachableWal, WalFinder, scan_file_runs
+from connectors.unread_tail import UnreadTails
+from connectors.wal_scan import WAL_AUTO, WAL_NONE, ClusterView, WalFinder, scan_file_runs
 from danube_core import keys
-from danube_core.errors import CorruptFrameError, MetadataError, ObjectMissingError
+from danube_core.errors import MetadataError, ObjectMissingError
 from danube_core.metadata import MetadataStore
 from danube_core.objectstore import OBJECT_ID_PATTERN, ObjectStore, object_id_for, parse_object_id
 from danube_core.records import CurPointer, ObjectDescriptor, SealedState, parse_cursor
@@ -47,8 +46,6 @@ __all__ = ["TopicCatalog", "WAL_AUTO", "WAL_NONE"]  # the walRoot keywords, for 
 
 logger = logging.getLogger(__name__)
 
-TIMESTAMP_TASK_BYTES = 8 * 1024 * 1024
-_FIRST_FRAME_PROBE = 64 * 1024
 
 
 class TopicCatalog:
@@ -76,8 +73,7 @@ class TopicCatalog:
         self._object_dirs: dict[TopicName, str] = {}
         self._audits: dict[str, RunAudit] = {}
         self._object_ranges: dict[str, int] = {}  # orphan object URL -> its last offset
-        self._unread: dict[str, dict] = {}  # topic -> the tail its unreachable WAL holds
-        self._warned: set[tuple[str, int | None]] = set()
+        self._unread = UnreadTails(self._cursors)
 
     # ---- topics ---------------------------------------------------------------------------
 
@@ -145,32 +141,11 @@ class TopicCatalog:
     def offsets_for_timestamp(
         self, topics: Iterable[TopicName | str], timestamp_ms: int
     ) -> dict[str, int]:
-        """First offset whose publish_time >= `timestamp_ms`, else the latest offset.
+        """First offset whose publish_time >= `timestamp_ms`, else the latest offset."""
+        from connectors.timestamps import offset_for_timestamp
 
-        Objects are binary-searched by their first frame's publish_time (client clocks: assumed
-        to grow roughly with offsets), then messages are read from the object found on.
-        """
-        from connectors.task_reader import read_task
-
-        out = {}
-        for topic in map(_topic, topics):
-            snap = self.snapshot(topic, 0)
-            objects = snap.objects
-            lo, hi = 0, len(objects)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if self._first_publish_time(objects[mid]) >= timestamp_ms:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            begin = objects[lo - 1].start_offset if lo else (
-                objects[0].start_offset if objects else snap.wal_start or snap.latest_offset)
-            plan = plan_tasks({str(topic): snap}, {str(topic): begin}, {str(topic): snap.latest_offset},
-                              max_partition_bytes=TIMESTAMP_TASK_BYTES,
-                              fail_on_data_loss=self._fail_on_data_loss)
-            out[str(topic)] = next((o for task in plan.tasks for o in _offsets_at_or_after(
-                read_task(task, ["offset", "publish_time"]), timestamp_ms)), snap.latest_offset)
-        return out
+        return {str(t): offset_for_timestamp(self.snapshot(t, 0), self._store, timestamp_ms,
+                                             self._fail_on_data_loss) for t in map(_topic, topics)}
 
     def read_cursor(self, topic: TopicName | str, subscription: str) -> int | None:
         """The subscription's cursor (last acknowledged offset, inclusive), None if unset."""
@@ -267,7 +242,8 @@ class TopicCatalog:
             sealed = None  # the current run restarted below it: not an offset it will reach
         candidates = [uploaded, head or 0, sealed.last_committed_offset + 1 if sealed else 0]
         latest = max(candidates)
-        self._note_unread(topic, latest, sealed)
+        why = self._wal.unreachable.get(str(topic)) if self._wal is not None else None
+        self._unread.note(str(topic), why, latest, audit)
         return last, sealed, wal, latest
 
     def _wal_chain(self, topic: TopicName, last: ObjectDescriptor | None, sealed: SealedState | None,
@@ -319,38 +295,13 @@ class TopicCatalog:
             self._object_ranges[url] = max((r.stop_offset - 1 for r in runs), default=start)
         return self._object_ranges[url]
 
-    def _note_unread(self, topic: TopicName, latest: int, sealed: SealedState | None) -> None:
-        """Record (and warn once about) a tail held by a WAL this catalog cannot read."""
-        why: UnreachableWal | None = self._wal.unreachable.get(str(topic)) if self._wal else None
-        if why is None:
-            self._unread.pop(str(topic), None)
-            return
-        audit = self._audits.get(str(topic))
-        stale_top = max((src.last_offset for src in audit.stale_sources), default=-1) if audit else -1
-        # A cursor at or below an older run's offsets may be that run's: no evidence of a tail.
-        evidence = [c for c in self._cursors(topic) if c >= latest and c > stale_top]
-        through = max(evidence) if evidence else None
-        self._unread[str(topic)] = {"broker": why.broker_id, "fromOffset": latest,
-                                    "atLeastThrough": through, "reason": why.reason}
-        if (str(topic), why.broker_id) in self._warned:
-            return
-        self._warned.add((str(topic), why.broker_id))
-        known = (f"offsets {latest}..{through} at least (a subscription cursor is there)"
-                 if through is not None else f"any messages from offset {latest} on")
-        logger.warning(
-            "topic %s: the WAL of its owner, broker %s, cannot be read: %s. %s not uploaded yet "
-            "are NOT read. Set option walRoot to a shared WAL root, a template with {broker_id}, "
-            "or a JSON map {\"%s\": \"<url of that broker's wal_cloud.wal.dir>\"} (a shared "
-            "volume or a read-only HTTP file server beside the broker).",
-            topic, why.broker_id, why.reason, known[0].upper() + known[1:], why.broker_id)
-
     def unread_tails(self) -> dict[str, dict]:
         """Per topic read so far: the tail an unreachable WAL holds (for query progress)."""
-        return {t: dict(v) for t, v in self._unread.items()}
+        return self._unread.as_dict()
 
-    def _cursors(self, topic: TopicName) -> list[int]:
+    def _cursors(self, topic: str) -> list[int]:
         found = []
-        for key, raw in self._metadata.get_prefix(keys.subscriptions_prefix(topic)):
+        for key, raw in self._metadata.get_prefix(keys.subscriptions_prefix(_topic(topic))):
             if key.endswith("/cursor"):
                 try:
                     found.append(parse_cursor(raw, key))
@@ -476,30 +427,6 @@ class TopicCatalog:
             except ObjectMissingError:
                 return fallback  # the executor reading it reports the loss
         return self._sizes[url]
-
-    def _first_publish_time(self, obj: StoredObject) -> int:
-        from danube_core.arrow_decode import decode_frames
-        from danube_core.frames import FRAME_HEADER, FRAME_HEADER_SIZE
-
-        data = self._store.read_range(obj.url, 0, min(obj.size, _FIRST_FRAME_PROBE))
-        if len(data) >= FRAME_HEADER_SIZE:
-            length = FRAME_HEADER.unpack_from(data)[1]
-            if len(data) < FRAME_HEADER_SIZE + length:
-                data = self._store.read_range(obj.url, 0, FRAME_HEADER_SIZE + length)
-        decoded = decode_frames(data, max_frames=1, columns=["publish_time"])
-        decoded.raise_if_corrupt(obj.url)
-        if decoded.batch.num_rows == 0:
-            raise CorruptFrameError(obj.url, obj.start_offset, 0, "no whole frame at the object's start")
-        return decoded.batch.column(0)[0].as_py()
-
-
-def _offsets_at_or_after(batches, timestamp_ms: int) -> Iterable[int]:
-    for batch in batches:
-        times = batch.column("publish_time").to_numpy()
-        hits = np.flatnonzero(times >= timestamp_ms)
-        if hits.size:
-            yield int(batch.column("offset")[int(hits[0])].as_py())
-            return
 
 
 def _topic(topic: TopicName | str) -> TopicName:
