@@ -197,7 +197,8 @@ def audit_runs(
     current, stale = current_chain(descriptors, cur_start)
     uploaded_stop = current[-1].end_offset + 1 if current else None
     wal_stop = wal_chain[-1].stop_offset if wal_chain else None
-    if wal_chain and uploaded_stop is not None and wal_stop is not None and wal_stop < uploaded_stop:
+    restarted = bool(wal_chain) and uploaded_stop is not None and wal_stop is not None and wal_stop < uploaded_stop
+    if restarted:
         restart = wal_chain[0].first_offset
         stale += [d for d in current if d.end_offset >= restart]
         current = [d for d in current if d.end_offset < restart]
@@ -228,7 +229,7 @@ def audit_runs(
             audit.stale_sources.append(RunSource(WAL_FILE, wal_run_name(run.url, int(run.positions[0])), run.url,
                                                  run.first_offset, run.stop_offset - 1,
                                                  note="does not lead to the WAL head"))
-    audit.stale_seal = _stale_seal(sealed, current, audit.current_stop)
+    audit.stale_seal = _stale_seal(sealed, current, audit.current_stop, restarted)
     if audit.stale_seal is not None:
         s = audit.stale_seal
         audit.stale_sources.append(RunSource(
@@ -245,14 +246,18 @@ def wal_run_name(url: str, byte_pos: int) -> str:
 
 
 def _stale_seal(sealed: SealedState | None, current: Sequence[ObjectDescriptor],
-                current_stop: int | None) -> SealedState | None:
-    """A seal that a later upload restarted below: the next owner never continued from it."""
+                current_stop: int | None, restarted: bool) -> SealedState | None:
+    """A seal the current run restarted below: the next owner never continued from it.
+
+    Evidence: an upload made after the seal starts at or below its offset, or the WAL head
+    went back below the uploads (a restart not uploaded yet) and below the seal.
+    """
     if sealed is None or not sealed.sealed:
         return None
+    if current_stop is not None and current_stop > sealed.last_committed_offset:
+        return None  # the current run went past it: it continued, or reuse is reported anyway
     later = [d for d in current if d.created_at > sealed.timestamp and d.start_offset <= sealed.last_committed_offset]
-    if later and (current_stop is None or current_stop <= sealed.last_committed_offset):
-        return sealed
-    return None
+    return sealed if later or restarted else None
 
 
 def _object_secs(object_id: str) -> int:
