@@ -74,6 +74,8 @@ class TopicCatalog:
         self._audits: dict[str, RunAudit] = {}
         self._object_ranges: dict[str, int] = {}  # orphan object URL -> its last offset
         self._unread = UnreadTails(self._cursors)
+        self._restarted: set[str] = set()
+        self._restarts: dict[str, int] = {}  # topic -> first offset of a run that began mid-query
 
     # ---- topics ---------------------------------------------------------------------------
 
@@ -225,10 +227,14 @@ class TopicCatalog:
             audit = None  # an older run's descriptor the audit has not seen: audit again
         if audit is not None and chain and not audit.continues(chain[-1]):
             audit = None  # `cur` went back: a new run started since the audit
+            self._restarted.add(str(topic))
         last = chain[-1] if chain else None
         wal = self._wal_chain(topic, last, sealed, cluster)
         if audit is None:
             audit = self._audit(topic, sealed, wal)
+            if str(topic) in self._restarted and audit.current_first is not None:
+                self._restarts[str(topic)] = audit.current_first
+                self._restarted.discard(str(topic))
             last = audit.current_descriptors[-1] if audit.current_descriptors else None
             wal = self._wal_chain(topic, last, sealed, cluster)
         uploaded = last.end_offset + 1 if last is not None else 0
@@ -294,6 +300,12 @@ class TopicCatalog:
                 runs = []
             self._object_ranges[url] = max((r.stop_offset - 1 for r in runs), default=start)
         return self._object_ranges[url]
+
+    def take_restarts(self) -> dict[str, int]:
+        """Topics whose offsets restarted since this catalog first looked (a new run's first
+        offset each), once: a stream past that offset never reads the new run below it."""
+        restarts, self._restarts = self._restarts, {}
+        return restarts
 
     def unread_tails(self) -> dict[str, dict]:
         """Per topic read so far: the tail an unreachable WAL holds (for query progress)."""

@@ -133,6 +133,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         topics = topics_of(state.catalog, self.options)
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, topics, state.catalog)
         latest = {**begin, **state.catalog.latest_offsets(topics)}
+        self._report_restarts(state, begin)
         if state.target is not None:
             latest = {**begin, **cap_at(latest, state.target)}
         snapshots = state.catalog.snapshots({t: max(0, min(begin[t], e) - 1) for t, e in latest.items()}, latest)
@@ -140,6 +141,19 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = self._admit(state, begin, latest, limit, snapshots)
         self._report_losses(state, begin, end, snapshots)
         return self._offset(end)
+
+    def _report_restarts(self, state: _DriverState, begin: Mapping[str, int]) -> None:
+        """A run that began while the query was past its first offset: the new run's offsets
+        below the query's position are never read (the real broker restarted at 0, §6.6)."""
+        from connectors.data_loss import report
+
+        for topic, first in state.catalog.take_restarts().items():
+            if topic in begin and first < begin[topic]:
+                lost = report(topic, first, begin[topic],
+                              f"the topic's offsets restarted at {first} (a new run of the topic) while this "
+                              f"query was at {begin[topic]}: the new run's messages below it are never read",
+                              fail_on_data_loss=self.options.fail_on_data_loss)
+                state.skipped[topic] = state.skipped.get(topic, 0) + lost.count
 
     def _report_losses(self, state: _DriverState, begin: dict[str, int], end: dict[str, int],
                        snapshots: dict[str, "TopicSnapshot"]) -> None:

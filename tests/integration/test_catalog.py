@@ -6,12 +6,14 @@ issue is planned from what the catalog finds.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import uuid
 from typing import Callable, Iterator
 
 import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from connectors.catalog import TopicCatalog
 from connectors.planner import cap_end_offsets, plan_tasks
@@ -346,3 +348,35 @@ def test_restart_at_0_not_yet_uploaded_is_found_in_the_shared_wal_file(metadata,
     assert messages_of(x for t in salvaged for x in read_task(t)) == [old[o] for o in range(200)]
     both = salvage_tasks(skipping, b.name, [old_run.split("#")[0]], fail_on_data_loss=True)
     assert [(t.start_offset, t.end_offset) for t in both] == [(0, 200), (0, 30)]
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_restart_while_a_stream_is_past_its_first_offset_is_reported(metadata, make, s3_store, unique_name, fail):
+    """A stream at offset 150 of run one; the broker restarts at 0 and uploads 0..199 of run two
+    before the next trigger. Run two's 0..149 would never be read: data loss, not a quiet skip."""
+    from connectors.options import parse_options
+    from connectors.stream import DanubeStreamReader
+    from tests.conftest import _RUNNING_ETCD
+
+    b = make(f"/default/{unique_name('t')}")
+    b.append(150)
+    b.upload()
+    options = {"etcd.endpoints": _RUNNING_ETCD[0].endpoint, "storage.url": s3_store.url,
+               "storage.options": json.dumps(s3_store.storage_options), "topic": b.name,
+               "subscription": unique_name("s"), "startingOffsets": "earliest",
+               "failOnDataLoss": str(fail).lower()}
+    reader = DanubeStreamReader(parse_options(options))
+    try:
+        first = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+        assert first["offsets"] == {b.name: 150}
+        b.crash_restart(secrets.randbits(64))
+        b.append(200)
+        b.upload()
+        if fail:
+            with pytest.raises(DataLossError, match=r"\[0, 150\).*restarted at 0"):
+                reader.latestOffset(first, ReadAllAvailable())
+        else:
+            reader.latestOffset(first, ReadAllAvailable())
+            assert reader.reportLatestOffset()["skippedOffsets"][b.name] >= 150
+    finally:
+        reader.stop()
