@@ -253,10 +253,10 @@ def measure_read(options: dict, arrow_dir: Path, parquet_dir: Path) -> dict:
     source = DanubeDataSource(options)
     with timed() as plan:
         partitions = source.reader(source.schema()).partitions()
-    for _ in read_task(partitions[0].task, READ_COLUMNS):
+    for _ in read_task(partitions[0].tasks[0], READ_COLUMNS):
         break  # first use imports the decoder and fsspec: not per-message cost
     decode = Timing()
-    rows = sum(b.num_rows for p in partitions for b in drain_timed(read_task(p.task, READ_COLUMNS), decode))
+    rows = sum(b.num_rows for p in partitions for t in p.tasks for b in drain_timed(read_task(t, READ_COLUMNS), decode))
     full = Timing()
     for i, p in enumerate(partitions):
         batches = drain_timed(read_partition(p, False), full)
@@ -337,7 +337,7 @@ def memory_probe(task_json: str) -> None:
     Path("/proc/self/clear_refs").write_text("5")
     baseline, rows = _status_mb("VmRSS"), 0
     with timed() as t:
-        for batch in read_partition(DanubePartition(0, task), False):
+        for batch in read_partition(DanubePartition(0, [task]), False):
             rows += batch.num_rows
     peak = _status_mb("VmHWM")
     print(json.dumps({"rows": rows, "baseline_mb": round(baseline, 1), "peak_mb": round(peak, 1),

@@ -10,7 +10,7 @@ convert the decoded Arrow batches to the Spark schema (`read()` yields Arrow bat
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
@@ -34,15 +34,16 @@ READ_COLUMNS = (
 
 
 class DanubePartition(InputPartition):
-    """One Spark partition: one read task (picklable, plain data)."""
+    """One Spark partition: read tasks packed up to maxPartitionBytes (picklable, plain data)."""
 
-    def __init__(self, index: int, task: ReadTask) -> None:
+    def __init__(self, index: int, tasks: Sequence[ReadTask]) -> None:
         super().__init__(index)
-        self.task = task
+        self.tasks = tuple(tasks)
 
     def __repr__(self) -> str:
-        t = self.task
-        return f"DanubePartition({t.topic} [{t.start_offset}, {t.end_offset}) from {t.source})"
+        ranges = ", ".join(f"{t.topic} [{t.start_offset}, {t.end_offset}) from {t.source}" for t in self.tasks[:3])
+        more = f" and {len(self.tasks) - 3} more" if len(self.tasks) > 3 else ""
+        return f"DanubePartition({ranges}{more})"
 
 
 def open_catalog(options: DanubeOptions) -> tuple["TopicCatalog", "MetadataStore"]:
@@ -79,7 +80,7 @@ def plan_partitions(
 
     With failOnDataLoss=false, the offsets skipped per topic are added to `skipped`.
     """
-    from connectors.planner import plan_tasks
+    from connectors.planner import pack_tasks, plan_tasks
 
     wanted = {t: e for t, e in end.items() if e != start[t]}
     if not wanted:
@@ -96,7 +97,7 @@ def plan_partitions(
         if skipped is not None:
             for topic, count in plan.lost_offsets.items():
                 skipped[topic] = skipped.get(topic, 0) + count
-    return [DanubePartition(i, task) for i, task in enumerate(plan.tasks)]
+    return [DanubePartition(i, group) for i, group in enumerate(pack_tasks(plan.tasks, options.max_partition_bytes))]
 
 
 def read_partition(partition: InputPartition, include_source: bool) -> Iterator["pa.RecordBatch"]:
@@ -106,11 +107,11 @@ def read_partition(partition: InputPartition, include_source: bool) -> Iterator[
     from connectors.schema import to_spark_batch
     from connectors.task_reader import read_task
 
-    task = partition.task
-    source = task.source if include_source else None
-    for raw in read_task(task, READ_COLUMNS):
-        if raw.num_rows:
-            yield to_spark_batch(raw, task.topic, source)
+    for task in partition.tasks:
+        source = task.source if include_source else None
+        for raw in read_task(task, READ_COLUMNS):
+            if raw.num_rows:
+                yield to_spark_batch(raw, task.topic, source)
 
 
 class DanubeBatchReader(DataSourceReader):
@@ -142,7 +143,7 @@ class DanubeBatchReader(DataSourceReader):
                               fail_on_data_loss=self.options.fail_on_data_loss)
         logger.info("salvage read of %s from %s: %d run(s)", self.options.topics[0],
                     ", ".join(self.options.salvage), len(tasks))
-        return [DanubePartition(i, task) for i, task in enumerate(tasks)]
+        return [DanubePartition(i, [task]) for i, task in enumerate(tasks)]
 
     def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
         return read_partition(partition, self.options.include_source)

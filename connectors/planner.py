@@ -233,9 +233,39 @@ def _tasks_for(
             end_offset=min(piece.stop, offsets[k]),
             strict=not is_wal,
             fail_on_data_loss=fail_on_data_loss,
+            size_hint=int(positions[k]) - int(positions[i]),
         ))
         i = k
     return tasks
+
+
+# ---- packing tasks into Spark partitions ----------------------------------------------------
+
+# What opening one more file costs, in bytes read (one ranged request's latency at object-store
+# throughput). Spark's file sources charge `spark.sql.files.openCostInBytes` (4 MiB) for the
+# same reason; Danube objects are small and many, so the charge is smaller here: a backfill of
+# a long history runs about `total bytes / maxPartitionBytes` tasks, not one per object.
+OPEN_COST_BYTES = 128 * 1024
+
+
+def pack_tasks(tasks: Sequence[ReadTask], max_partition_bytes: int,
+               open_cost: int = OPEN_COST_BYTES) -> list[list[ReadTask]]:
+    """Consecutive tasks grouped into partitions of at most `max_partition_bytes` (counting
+    `open_cost` per task), in planning order, so each partition reads its ranges in offset
+    order; a task larger than the limit is a partition of its own (as Spark packs files)."""
+    groups: list[list[ReadTask]] = []
+    current: list[ReadTask] = []
+    used = 0
+    for task in tasks:
+        cost = task.size_hint + open_cost
+        if current and used + cost > max_partition_bytes:
+            groups.append(current)
+            current, used = [], 0
+        current.append(task)
+        used += cost
+    if current:
+        groups.append(current)
+    return groups
 
 
 # ---- admission control --------------------------------------------------------------------

@@ -28,6 +28,8 @@ class ReadTask:
     * `strict`: True for sealed objects (a CRC error is corruption, spec §1.4); False for
       WAL files, whose torn tail is normal while the broker appends.
     * `fail_on_data_loss`: how the executor treats missing offsets and corrupt frames.
+    * `size_hint`: the bytes the planner expects the task to read (for packing tasks into
+      Spark partitions; exact at index entries and WAL frames, never used for reading).
     """
 
     topic: str
@@ -40,6 +42,7 @@ class ReadTask:
     end_offset: int
     strict: bool
     fail_on_data_loss: bool
+    size_hint: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.start_offset <= self.end_offset:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.planner import cap_end_offsets, plan_tasks
+from connectors.planner import cap_end_offsets, pack_tasks, plan_tasks
 from connectors.snapshot import StoredObject, TopicSnapshot, WalRun, chain_wal_runs
 from danube_core.errors import DataLossError
 
@@ -245,3 +245,22 @@ def test_chain_reaches_back_into_a_previous_owner_and_trims_overlap():
 def test_chain_stops_at_a_hole():
     chain = chain_wal_runs(wal(121, 10), [wal(0, 100), wal(121, 10)], 100)
     assert [(r.first_offset, r.stop_offset) for r in chain] == [(121, 131)]
+
+
+# ---- packing tasks into partitions ----------------------------------------------------------
+
+
+def test_small_objects_are_packed_up_to_max_partition_bytes_in_offset_order():
+    objects = [obj(i * 10, i * 10 + 9) for i in range(100)]  # 100 objects of 10 frames
+    tasks = plan(snap(objects), 0, 1000).tasks
+    per_task = tasks[0].size_hint
+    assert len(tasks) == 100 and all(t.size_hint == per_task for t in tasks)
+    groups = pack_tasks(tasks, max_partition_bytes=10 * (per_task + 100), open_cost=100)
+    assert [len(g) for g in groups] == [10] * 10
+    assert [t for g in groups for t in g] == tasks  # offset order kept, nothing lost or repeated
+
+
+def test_a_task_larger_than_the_limit_is_a_partition_of_its_own():
+    tasks = plan(snap([obj(0, 9), obj(10, 19), obj(20, 29)]), 0, 30).tasks
+    assert pack_tasks(tasks, max_partition_bytes=1) == [[t] for t in tasks]
+    assert pack_tasks([], max_partition_bytes=1) == []
