@@ -34,7 +34,8 @@ from typing import Iterable
 from connectors.snapshot import StoredObject, TopicSnapshot, WalRun
 from connectors.topic_runs import RunAudit, audit_runs, current_chain
 from connectors.unread_tail import UnreadTails
-from connectors.wal_scan import WAL_AUTO, WAL_NONE, ClusterView, WalFinder, scan_file_runs
+from connectors.options import WAL_AUTO, WAL_NONE
+from connectors.wal_scan import ClusterView, WalFinder, scan_file_runs
 from danube_core import keys
 from danube_core.errors import MetadataError, ObjectMissingError
 from danube_core.metadata import MetadataStore

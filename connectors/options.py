@@ -6,6 +6,9 @@ created (`spark.read/readStream ... .load()`): a malformed value raises `ConfigE
 `ValueError`) naming the option, the value and what is accepted, before any query runs.
 Checks that depend on the kind of read (a stream needs `subscription`, only a batch accepts
 `endingOffsets`) are made by `require_batch` / `require_stream` when Spark asks for the reader.
+
+Executors unpickle `DanubeOptions` in every Python worker, so this module imports nothing
+heavy at module level (no catalog, no numpy): only names and small checks.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from connectors.catalog import WAL_AUTO, WAL_NONE
 from danube_core.errors import ConfigError, InvalidTopicNameError
 from danube_core.keys import DEFAULT_ROOT_PREFIX
 from danube_core.topics import TopicName
@@ -36,6 +38,8 @@ STORAGE_URL = "storage.url"
 STORAGE_OPTIONS = "storage.options"
 STORAGE_PREFIX = "storage."
 WAL_ROOT = "walRoot"
+WAL_AUTO = "auto"  # walRoot keywords; the other forms are parsed by connectors.wal_scan
+WAL_NONE = "none"
 # ---- what -------------------------------------------------------------------------------------
 TOPIC = "topic"
 TOPIC_PATTERN = "topicPattern"

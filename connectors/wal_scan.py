@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from connectors.options import WAL_AUTO
 from connectors.snapshot import WalRun, chain_wal_runs
 from danube_core import keys
 from danube_core.checkpoints import (
@@ -43,8 +44,6 @@ from danube_core.topics import TopicName
 
 logger = logging.getLogger(__name__)
 
-WAL_AUTO = "auto"
-WAL_NONE = "none"
 BROKER_ID_FIELD = "{broker_id}"
 SCAN_CHUNK_BYTES = 8 * 1024 * 1024
 WAL_ROOT_FORMS = ("'auto', 'none', an fsspec URL or path of a shared WAL root, a URL template "
