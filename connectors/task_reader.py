@@ -55,6 +55,28 @@ def read_task(
     return _TaskReader(task, columns, chunk_bytes, on_loss).batches()
 
 
+def _check_wal_dir_here(url: str, cause: BaseException) -> None:
+    """A missing WAL *directory* on this host is a walRoot that executors cannot see (a local
+    path on the broker's host, or a volume not mounted here), not data that was lost."""
+    import os
+    import socket
+    from urllib.parse import unquote, urlsplit
+
+    from danube_core.errors import WalUnreachableError
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("", "file"):
+        return
+    directory = os.path.dirname(unquote(parts.path))
+    if not os.path.isdir(directory):
+        raise WalUnreachableError(
+            f"WAL directory {directory} does not exist on host {socket.gethostname()}, where this "
+            f"Spark task runs ({url} was planned on the driver). A file:// walRoot must be a volume "
+            "that every executor mounts at the same path; otherwise serve each broker's WAL over "
+            "HTTP (python -m broker.wal_http) and set walRoot to a map of broker ids to those URLs"
+        ) from cause
+
+
 class _TaskReader:
     """State of one task's read: the next expected offset and the carried-over bytes."""
 
@@ -88,6 +110,8 @@ class _TaskReader:
         try:
             yield from self._stream(store)
         except ObjectMissingError as exc:
+            if task.is_wal:
+                _check_wal_dir_here(task.url, exc)
             self._lose(self.next_offset, task.end_offset,
                        f"{'WAL file' if task.is_wal else 'object'} {task.url} does not exist", exc)
             return

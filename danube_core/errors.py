@@ -76,3 +76,8 @@ class DataLossError(DanubeError):
 
 class ConfigError(DanubeError, ValueError):
     """A configuration value or option is invalid; names the option, the value and what is accepted."""
+
+
+class WalUnreachableError(ConfigError):
+    """A WAL directory the driver planned from does not exist where a task runs: a `file://`
+    WAL root that is not a volume shared with every executor. A setting to fix, not lost data."""

@@ -186,3 +186,23 @@ def test_a_wal_file_shorter_than_planned_is_data_loss(builder):
     os.truncate(path, pos)
     with pytest.raises(DataLossError, match=r"\[15, 20\)"):
         read_all(tasks)
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_wal_directory_missing_on_the_executor_is_a_setting_not_data_loss(tmp_path, fail):
+    from danube_core.errors import WalUnreachableError
+
+    def wal_task(url: str) -> ReadTask:
+        return ReadTask(topic="/default/t", source="wal", url=url, storage_options={}, byte_start=0,
+                        byte_end=None, start_offset=0, end_offset=5, strict=False, fail_on_data_loss=fail)
+
+    with pytest.raises(WalUnreachableError, match=r"does not exist on host .*walRoot"):
+        list(read_task(wal_task((tmp_path / "not-mounted" / "default" / "t" / "wal.log").as_uri())))
+    (tmp_path / "mounted").mkdir()
+    lost = []
+    missing_file = wal_task((tmp_path / "mounted" / "wal.3.log").as_uri())
+    if fail:
+        with pytest.raises(DataLossError, match=r"\[0, 5\).*does not exist"):
+            list(read_task(missing_file))
+    else:
+        assert list(read_task(missing_file, on_loss=lost.append)) == [] and lost[0].count == 5
