@@ -122,18 +122,22 @@ class TopicCatalog:
     # ---- offsets --------------------------------------------------------------------------
 
     def earliest_offsets(self, topics: Iterable[TopicName | str]) -> dict[str, int]:
-        """First readable offset per topic: the first object's start, else the WAL's first
-        offset, else the latest offset (an empty topic)."""
+        """First readable offset per topic: the current run's first object's start, else the
+        WAL's first offset, else the latest offset (an empty topic)."""
         out = {}
         cluster = self._cluster()
         for topic in map(_topic, topics):
+            latest = self._head(topic, cluster)[3]  # audits the topic's runs once
+            audit = self._audits[str(topic)]
             first_key = self._keys.object_key(topic, 0)
             descriptors = self._parse(self._metadata.get_range(first_key, self._keys.cur_key(topic), limit=1))
+            if descriptors and descriptors[0].object_id in audit.stale_ids():
+                descriptors = audit.current_descriptors[:1]
             if descriptors:
                 out[str(topic)] = descriptors[0].start_offset
                 continue
             snap = self._snapshot(topic, 0, 0, cluster)
-            out[str(topic)] = snap.wal_start if snap.wal_start is not None else snap.latest_offset
+            out[str(topic)] = snap.wal_start if snap.wal_start is not None else latest
         return out
 
     def latest_offsets(self, topics: Iterable[TopicName | str]) -> dict[str, int]:
