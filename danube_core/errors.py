@@ -76,3 +76,9 @@ class DataLossError(DanubeError):
 
 class ConfigError(DanubeError, ValueError):
     """A configuration value or option is invalid; names the option, the value and what is accepted."""
+
+
+class CheckpointMismatchError(DanubeError):
+    """A pipeline's Spark checkpoint does not match the Delta tables it writes (deleted, replaced
+    or restored from an old copy). Running on would skip or repeat rows, so the pipeline stops;
+    the message names the table, the txnAppId, the checkpoint location and what to do."""
