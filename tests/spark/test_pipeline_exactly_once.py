@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from danube_core.errors import CheckpointMismatchError
-from danube_core.schema_registry import register_schema
+from danube_core.schema_registry import SchemaRegistry, register_schema
 from pipelines.decode import Decoder
 from pipelines.delta_sink import DeltaBatchWriter
 from pipelines.expectations import QualityGate
@@ -103,7 +103,9 @@ def test_a_replay_after_a_crash_between_the_writes_splits_as_the_first_attempt(l
         first(batch_of(lake, config), 0)
     assert lake.count(config.quarantine.path) == 0 and lake.count(config.target.path) == 11
     # Before the replay: a latest version every payload fails, and a suite without rules.
-    strict = {**ORDER_SCHEMA, "required": ["order_id", "coupon"]}
+    coupon = {**ORDER_SCHEMA["properties"], "coupon": {"type": "string"}}
+    strict = {**ORDER_SCHEMA, "properties": coupon, "required": ["order_id", "coupon"]}
+    SchemaRegistry(lake.metadata).set_mode(subject, "none")
     register_schema(lake.metadata, subject, "JsonSchema", json.dumps(strict))
     changed = dataclasses.replace(config, expectations=None)
     replay = writer_for(lake, changed)
