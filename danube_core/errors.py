@@ -81,3 +81,9 @@ class ConfigError(DanubeError, ValueError):
 class WalUnreachableError(ConfigError):
     """A WAL directory the driver planned from does not exist where a task runs: a `file://`
     WAL root that is not a volume shared with every executor. A setting to fix, not lost data."""
+
+
+class CheckpointMismatchError(DanubeError):
+    """A pipeline's Spark checkpoint does not match the Delta tables it writes (deleted, replaced
+    or restored from an old copy). Running on would skip or repeat rows, so the pipeline stops;
+    the message names the table, the txnAppId, the checkpoint location and what to do."""

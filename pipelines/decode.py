@@ -7,9 +7,10 @@ schema version it names (`schema_id`/`schema_version`, when the id is the subjec
 with `decode.version`, else the subject's latest version, read once per batch: a version
 registered while the query runs is used from the next batch on, and Delta's schema merge adds
 its new columns. Rows of different versions are decoded separately and unioned by name.
-Replays stay deterministic for messages that name their version; a message that names none is
-decoded with the latest version at the time, so pin `decode.version` if versions may be
-registered while such messages are in flight.
+A message that names no version is decoded with the latest version at the time; the sink
+records that version (and the schema id) with the batch's first write and passes them back
+when Spark replays the batch, so a replay decodes every message exactly as the first attempt
+did, whatever was registered in between (`pipelines.batch_trail`).
 
 Nothing is dropped: a payload that does not match its schema gets a reason in `_decode_error`
 (and goes to quarantine), or, with `on_error: rescue`, stays with its text in `_rescued_data`.
@@ -85,23 +86,37 @@ class Decoder:
         if config.inline_schema is not None:
             self._check(self._inline())
 
-    def decode(self, prepared: DataFrame) -> DataFrame:
-        """Decode one batch; the result has every prepared column plus the payload's."""
+    def resolve_versions(self) -> tuple[int | None, int | None]:
+        """(the subject's schema id, the version for messages that name none), read now.
+
+        (None, None) without a registry subject. The sink records both with a batch's first
+        write and passes them back to `decode` when the batch is replayed.
+        """
+        if self.schemas is None or self.config.format == "raw":
+            return None, None
+        meta = self.schemas.subject_metadata()
+        return meta.id, self.config.version or meta.latest_version
+
+    def decode(self, prepared: DataFrame, versions: tuple[int | None, int | None] | None = None) -> DataFrame:
+        """Decode one batch; the result has every prepared column plus the payload's.
+
+        `versions`: (schema id, default version) as `resolve_versions` gave them, to decode a
+        replayed batch exactly as its first attempt did; resolved now when None.
+        """
         if self.config.format == "raw":
             return prepared.withColumn(DECODE_ERROR, F.lit(None).cast("string"))
         if self.schemas is None:
             return self._decode_with(prepared, self._inline())
-        return self._decode_versions(prepared)
+        schema_id, default = versions if versions is not None and versions[1] is not None else self.resolve_versions()
+        return self._decode_versions(prepared, schema_id, default)
 
     def _inline(self) -> PayloadSchema:
         kind = "JsonSchema" if self.config.format == "json" else "Avro"
         return PayloadSchema(kind, self.config.inline_schema or "", "decode.inline_schema")
 
-    def _decode_versions(self, prepared: DataFrame) -> DataFrame:
+    def _decode_versions(self, prepared: DataFrame, schema_id: int | None, default: int) -> DataFrame:
         assert self.schemas is not None
-        meta = self.schemas.subject_metadata()
-        default = self.config.version or meta.latest_version
-        named = (F.col("_schema_id") == F.lit(meta.id)) & F.col("_schema_version").isNotNull()
+        named = (F.col("_schema_id") == F.lit(schema_id)) & F.col("_schema_version").isNotNull()
         tagged = prepared.withColumn(_VERSION, F.when(named, F.col("_schema_version")).otherwise(F.lit(default)))
         versions = sorted(row[0] for row in tagged.select(_VERSION).distinct().collect())
         parts = [self._decode_version(tagged.filter(F.col(_VERSION) == v), v) for v in versions]

@@ -15,7 +15,28 @@ Order per batch, and why it gives exactly-once:
    never runs ahead of what Delta holds.
 
 Each commit's `userMetadata` names the batch's offset ranges per topic partition and the
-objects they were read from (`DESCRIBE HISTORY` shows where every version came from).
+objects they were read from (`DESCRIBE HISTORY` shows where every version came from), the id
+and location of the checkpoint that planned it, the split decision and the offsets skipped.
+
+What makes step 2 hold whatever happens between attempts (`pipelines.batch_trail`):
+
+* Delta skips a write whose txnVersion is at or below the last one recorded for the app id,
+  and a new checkpoint restarts batch ids at 0. Before writing a batch the sink compares the
+  checkpoint (its id, from `<checkpoint>/metadata`) with each table's last commit of the
+  pipeline and stops with `CheckpointMismatchError` if a table holds batches the checkpoint
+  does not know or that another checkpoint wrote: nothing is written, no cursor moves;
+* a crash between the target and the quarantine write leaves the batch half written. Its
+  replay is split with the decision recorded in the commit that did land (decode settings,
+  schema id, the version used for messages naming none, the suite's rules), not with
+  today's, so every offset ends in exactly one table, once.
+
+Offsets skipped under failOnDataLoss=false are counted here, wherever they were found (the
+driver plans around lost ranges; executors skip corrupt or missing data and can only log
+it): the batch's planned ranges come from the checkpoint's offsets log (`<checkpoint>/offsets/
+<batch id>` and the entry before), and every planned offset the batch does not hold was
+skipped. The count goes into the `BatchReport` (`lost_offsets`), `PipelineMetrics.totals()
+["lost"]`, a WARNING log line and the commit's `userMetadata` (`lost`); the cursors move to the
+planned end, past the skipped offsets, as the progress listener's do.
 """
 
 from __future__ import annotations
@@ -31,10 +52,13 @@ from pyspark.sql import functions as F
 
 from connectors.cursor_commit import commit_cursors
 from danube_core.metadata import MetadataStore
+from pipelines.batch_trail import SplitDecision, TableTrail, check_checkpoint, pipeline_tables, read_trail
+from pipelines.checkpoint_state import CheckpointState, PlannedRange, missing_offsets, planned_ranges, read_state
 from pipelines.config import PipelineConfig, TableConfig
 from pipelines.decode import DECODE_ERROR, META_COLUMNS, PAYLOAD, Decoder, prepare
 from pipelines.expectations import FAILED, BatchQuality, QualityGate, mark_failures
 from pipelines.metrics import BatchReport, OffsetSpan, PipelineMetrics
+from pipelines.schema_registry import SubjectSchemas
 
 logger = logging.getLogger(__name__)
 
@@ -61,61 +85,132 @@ class DeltaBatchWriter:
         self.metadata = metadata
         self.metrics = metrics
         self.clock = clock
+        self._checkpoint_id: tuple[str | None] | None = None  # read once: fixed for the query's life
+        self._trails: dict[str, TableTrail] | None = None  # per table location, kept current
+        self._replay_tools: dict[str, tuple[Decoder, QualityGate | None]] = {}
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         timings: dict[str, float] = {}
         started = self.clock()
+        spark = batch.sparkSession
+        checkpoint = self._checkpoint(spark, batch_id)
+        trails = self._load_trails(spark)
+        check_checkpoint(self.config.name, checkpoint, trails.values(), batch_id)
+        decision, replayed = self._decision(trails, batch_id)
+        decoder, gate = self._tools(decision)
         prepared = prepare(batch).persist()
         decoded: DataFrame | None = None
         try:
-            decoded = self.decoder.decode(prepared).persist()
+            decoded = decoder.decode(prepared, (decision.schema_id, decision.default_version)).persist()
             summary = summarize(decoded)
             spans = summary.spans
+            planned = planned_ranges(spark, self.config.checkpoint, batch_id)
+            lost = missing_offsets(planned or {}, {t: (s.start, s.rows) for t, s in spans.items()})
             timings["decode"] = self.clock() - started
-            marked, quality = self._validate(decoded, timings)
+            marked, quality = self._validate(decoded, gate, timings)
             counts = summary.counts(quality)
             mark = self.clock()
-            self._write_tables(marked, counts, quality, batch_id, commit_metadata(self.config.name, batch_id, spans))
+            metadata = commit_metadata(self.config.name, batch_id, spans, checkpoint=checkpoint,
+                                       decision=decision, lost=lost)
+            written = self._write_tables(marked, counts, quality, batch_id, metadata)
+            self._remember(written, checkpoint, batch_id, decision, spans)
             timings["write"] = self.clock() - mark
             mark = self.clock()
-            cursors = commit_cursors(self.reader_options, {t: s.end for t, s in spans.items()}, metadata=self.metadata)
+            cursors = commit_cursors(self.reader_options, cursor_ends(spans, planned), metadata=self.metadata)
             timings["cursor"] = self.clock() - mark
         finally:
             if decoded is not None:
                 decoded.unpersist()
             prepared.unpersist()
         report = BatchReport(batch_id, summary.rows, counts["valid"], counts["decode"],
-                             counts["expectations"], spans, cursors, quality, timings)
+                             counts["expectations"], spans, cursors, quality, timings, lost, replayed)
         self.metrics.record(report)
-        logger.info("pipeline %s batch %d: %d rows, %d valid, %d quarantined, cursors %s (%.2fs)",
-                    self.config.name, batch_id, report.rows, report.valid, report.quarantined, cursors,
-                    report.duration_s)
+        if lost:
+            logger.warning("pipeline %s batch %d: %d offsets of the planned ranges were skipped as lost "
+                           "(failOnDataLoss=false), per topic: %s", self.config.name, batch_id, report.lost, lost)
+        logger.info("pipeline %s batch %d: %d rows, %d valid, %d quarantined, %d lost, cursors %s (%.2fs)%s",
+                    self.config.name, batch_id, report.rows, report.valid, report.quarantined, report.lost,
+                    cursors, report.duration_s, " (replay, split as first attempted)" if replayed else "")
+
+    def _checkpoint(self, spark: SparkSession, batch_id: int) -> CheckpointState:
+        if self._checkpoint_id is None:
+            self._checkpoint_id = (read_state(spark, self.config.checkpoint).query_id,)
+        return CheckpointState(self.config.checkpoint, self._checkpoint_id[0], batch_id)
+
+    def _load_trails(self, spark: SparkSession) -> dict[str, TableTrail]:
+        """Each table's last commit of this pipeline, read from Delta once per writer."""
+        if self._trails is None:
+            found = (read_trail(spark, table, self.config.name) for table in pipeline_tables(self.config))
+            self._trails = {t.location: t for t in found if t is not None}
+        return self._trails
+
+    def _remember(self, written: list[str], checkpoint: CheckpointState, batch_id: int, decision: SplitDecision,
+                  spans: Mapping[str, OffsetSpan]) -> None:
+        """Keep the trails current: the tables just written now end at this batch."""
+        offsets = {t: {"start": s.start, "end": s.end} for t, s in spans.items()}
+        assert self._trails is not None
+        for location in written:
+            self._trails[location] = TableTrail(location, batch_id, checkpoint.query_id, checkpoint.location,
+                                                decision, offsets)
+
+    def _decision(self, trails: Mapping[str, TableTrail], batch_id: int) -> tuple[SplitDecision, bool]:
+        """The first attempt's decision for a replayed batch; today's settings for a new one."""
+        for trail in trails.values():
+            if trail.last_batch == batch_id and trail.decision is not None:
+                logger.info("pipeline %s batch %d is a replay (it reached %s): splitting it with the recorded "
+                            "decision %s", self.config.name, batch_id, trail.location, trail.decision.fingerprint)
+                return trail.decision, True
+        schema_id, default_version = self.decoder.resolve_versions()
+        suite = self.config.expectations
+        return SplitDecision(self.config.decode, schema_id, default_version, suite.suite if suite else None,
+                             tuple(suite.rules) if suite else ()), False
+
+    def _tools(self, decision: SplitDecision) -> tuple[Decoder, QualityGate | None]:
+        """Decoder and gate for `decision`: the configured ones unless the decision differs."""
+        current = self.config.expectations
+        same_suite = (decision.suite, decision.rules) == ((current.suite, tuple(current.rules)) if current else (None, ()))
+        if decision.decode == self.config.decode and same_suite:
+            return self.decoder, self.gate
+        key = decision.fingerprint
+        if key not in self._replay_tools:
+            subject = decision.decode.subject
+            schemas = SubjectSchemas(self.metadata, subject) if subject else None
+            decoder = self.decoder if decision.decode == self.config.decode else Decoder(decision.decode, schemas)
+            suite = decision.expectations()
+            gate = self.gate if same_suite else (QualityGate(suite) if suite is not None else None)
+            self._replay_tools[key] = (decoder, gate)
+        return self._replay_tools[key]
 
     def _write_tables(self, marked: DataFrame, counts: Mapping[str, int], quality: BatchQuality | None,
-                      batch_id: int, metadata: str) -> None:
-        """Target, quarantine and (optionally) the quality results, each idempotent per batch."""
+                      batch_id: int, metadata: str) -> list[str]:
+        """Target, quarantine and (optionally) the quality results, each idempotent per batch.
+
+        Returns the locations written (a write Delta skipped as a replay counts as written)."""
+        written = []
         if counts["valid"]:
-            self._write(target_rows(marked), self.config.target, batch_id, metadata)
+            written.append(self._write(target_rows(marked), self.config.target, batch_id, metadata))
         if counts["decode"] + counts["expectations"]:
-            self._write(quarantine_rows(marked, self.config.name, batch_id), self.config.quarantine,
-                        batch_id, metadata, merge_schema=True)
+            written.append(self._write(quarantine_rows(marked, self.config.name, batch_id), self.config.quarantine,
+                                       batch_id, metadata, merge_schema=True))
         results = self.config.expectations.results if self.config.expectations else None
         if quality is not None and results is not None:
-            self._write(results_frame(marked.sparkSession, self.config.name, batch_id, quality), results,
-                        batch_id, metadata, merge_schema=True)
+            written.append(self._write(results_frame(marked.sparkSession, self.config.name, batch_id, quality),
+                                       results, batch_id, metadata, merge_schema=True))
+        return written
 
-    def _validate(self, decoded: DataFrame, timings: dict[str, float]) -> tuple[DataFrame, BatchQuality | None]:
+    def _validate(self, decoded: DataFrame, gate: QualityGate | None,
+                  timings: dict[str, float]) -> tuple[DataFrame, BatchQuality | None]:
         """Run the suite on the decodable rows; every row gets `_failed_expectations`."""
-        if self.gate is None:
+        if gate is None:
             return decoded.withColumn(FAILED, F.array().cast("array<string>")), None
         mark = self.clock()
         decodable = decoded.filter(F.col(DECODE_ERROR).isNull()).drop(PAYLOAD)
-        quality = self.gate.validate(decodable)
+        quality = gate.validate(decodable)
         timings["expectations"] = self.clock() - mark
         return mark_failures(decoded.sparkSession, decoded, quality), quality
 
     def _write(self, rows: DataFrame, table: TableConfig, batch_id: int, metadata: str,
-               merge_schema: bool | None = None) -> None:
+               merge_schema: bool | None = None) -> str:
         merge = table.merge_schema if merge_schema is None else merge_schema
         writer = (
             rows.write.format("delta").mode("append")
@@ -132,6 +227,7 @@ class DeltaBatchWriter:
             writer.save(table.path)
         else:
             writer.saveAsTable(table.table)
+        return table.location
 
 
 @dataclass(frozen=True)
@@ -167,18 +263,34 @@ def summarize(decoded: DataFrame) -> BatchSummary:
     return BatchSummary(spans, sum(r["undecodable"] for r in rows))
 
 
-def commit_metadata(pipeline: str, batch_id: int, spans: Mapping[str, OffsetSpan]) -> str:
-    """The Delta commit's userMetadata: which offsets and objects this version holds."""
-    return json.dumps(
-        {
-            "pipeline": pipeline,
-            "batch_id": batch_id,
-            "offsets": {t: {"start": s.start, "end": s.end} for t, s in sorted(spans.items())},
-            "objects": sorted({src for s in spans.values() for src in s.sources}),
-        },
-        separators=(",", ":"),
-        sort_keys=True,
-    )
+def commit_metadata(pipeline: str, batch_id: int, spans: Mapping[str, OffsetSpan], *,
+                    checkpoint: CheckpointState | None = None, decision: SplitDecision | None = None,
+                    lost: Mapping[str, int] | None = None) -> str:
+    """The Delta commit's userMetadata: which offsets and objects this version holds, the
+    checkpoint that planned it, how it was split and what was skipped (`pipelines.batch_trail`)."""
+    value: dict = {
+        "pipeline": pipeline,
+        "batch_id": batch_id,
+        "offsets": {t: {"start": s.start, "end": s.end} for t, s in sorted(spans.items())},
+        "objects": sorted({src for s in spans.values() for src in s.sources}),
+    }
+    if checkpoint is not None:
+        value["checkpoint"] = {"id": checkpoint.query_id, "location": checkpoint.location}
+    if decision is not None:
+        value["split"] = decision.to_json_dict()
+        value["split_fingerprint"] = decision.fingerprint
+    if lost:
+        value["lost"] = dict(sorted(lost.items()))
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def cursor_ends(spans: Mapping[str, OffsetSpan], planned: Mapping[str, PlannedRange] | None) -> dict[str, int]:
+    """Where the cursors go after a batch: its planned ends (offsets skipped as lost included),
+    else the end of the rows it holds."""
+    ends = {t: s.end for t, s in spans.items()}
+    for topic, rng in (planned or {}).items():
+        ends[topic] = max(ends.get(topic, 0), rng.end)
+    return ends
 
 
 def target_rows(marked: DataFrame) -> DataFrame:

@@ -1,4 +1,4 @@
-"""What each micro-batch of a pipeline did: rows in, valid, quarantined, quality, timings, cursors.
+"""What each micro-batch of a pipeline did: rows in, valid, quarantined, lost, quality, timings, cursors.
 
 The sink records one `BatchReport` per batch it commits; the runner, the demo, the benchmark
 and the notebooks read them from `PipelineMetrics` (thread-safe: foreachBatch runs on a Spark
@@ -26,7 +26,12 @@ class OffsetSpan:
 
 @dataclass(frozen=True)
 class BatchReport:
-    """One committed micro-batch."""
+    """One committed micro-batch.
+
+    `lost_offsets`: per topic partition, offsets inside the batch's planned range that reached
+    no table because the connector skipped them under failOnDataLoss=false (on the driver or on
+    an executor). `replayed`: the batch was a replay split with its first attempt's decision.
+    """
 
     batch_id: int
     rows: int
@@ -37,6 +42,13 @@ class BatchReport:
     cursors: Mapping[str, int]
     quality: BatchQuality | None
     timings_s: Mapping[str, float] = field(default_factory=dict)
+    lost_offsets: Mapping[str, int] = field(default_factory=dict)
+    replayed: bool = False
+
+    @property
+    def lost(self) -> int:
+        """Offsets of the batch's planned ranges that it did not hold (failOnDataLoss=false skips)."""
+        return sum(self.lost_offsets.values())
 
     @property
     def quarantined(self) -> int:
@@ -64,11 +76,20 @@ class PipelineMetrics:
             return list(self._reports)
 
     def totals(self) -> dict[str, int]:
-        """Sums over the run: batches, rows, valid, quarantined."""
+        """Sums over the run: batches, rows, valid, quarantined, lost (skipped) offsets."""
         reports = self.reports
         return {
             "batches": len(reports),
             "rows": sum(r.rows for r in reports),
             "valid": sum(r.valid for r in reports),
             "quarantined": sum(r.quarantined for r in reports),
+            "lost": sum(r.lost for r in reports),
         }
+
+    def lost_offsets(self) -> dict[str, int]:
+        """Skipped offsets per topic partition over the run (failOnDataLoss=false)."""
+        totals: dict[str, int] = {}
+        for report in self.reports:
+            for topic, count in report.lost_offsets.items():
+                totals[topic] = totals.get(topic, 0) + count
+        return totals

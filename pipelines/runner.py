@@ -3,7 +3,12 @@
 `python -m pipelines run <file>`, `./spark-submit.sh run <file>`, the demo, the notebooks and
 the tests all go through `PipelineRunner`, so every entry point runs the same code. Everything
 that can be checked before the query starts is (the YAML, the source options, the
-expectation suite, the registry subject), so a mistake fails in seconds with its key named.
+expectation suite, the registry subject, the checkpoint against the Delta tables), so a mistake
+fails in seconds with its key named.
+
+A pipeline whose checkpoint was deleted, moved or replaced while its tables hold batches written
+under the old one does not start: `CheckpointMismatchError` names the table, the txnAppId, the
+checkpoint and what to do (see `pipelines.batch_trail`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from pyspark.sql.streaming import StreamingQuery
 from connectors import options as opt
 from danube_core.errors import ConfigError
 from danube_core.metadata import MetadataStore
+from pipelines.batch_trail import check_checkpoint, pipeline_tables, read_trail
+from pipelines.checkpoint_state import read_state
 from pipelines.config import AVAILABLE_NOW, PipelineConfig, SourceConfig
 from pipelines.decode import Decoder
 from pipelines.delta_sink import DeltaBatchWriter
@@ -84,8 +91,19 @@ class PipelineRunner:
         self.query: StreamingQuery | None = None
         self._closed = False
 
+    def check_checkpoint(self) -> None:
+        """Refuse to start when a table holds batches of this pipeline its checkpoint does not
+        know (deleted, replaced or restored from an old copy): `CheckpointMismatchError`."""
+        checkpoint = read_state(self.spark, self.config.checkpoint)
+        trails = [read_trail(self.spark, table, self.config.name) for table in pipeline_tables(self.config)]
+        check_checkpoint(self.config.name, checkpoint, [t for t in trails if t is not None])
+
     def start(self) -> StreamingQuery:
-        """Start the query and return at once (processingTime pipelines keep running)."""
+        """Start the query and return at once (processingTime pipelines keep running).
+
+        The checkpoint is checked against the tables first (`check_checkpoint`); the sink
+        checks again before every batch it writes."""
+        self.check_checkpoint()
         writer = DeltaBatchWriter(self.config, self.decoder, self.gate, self.options, self.metadata, self.metrics)
         stream = self.spark.readStream.format("danube").options(**self.options).load()
         builder = (
