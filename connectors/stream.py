@@ -72,6 +72,7 @@ class _DriverState:
         self.reported: dict | None = None
         self.lag_recorded_at = float("-inf")
         self.skipped: dict[str, int] = {}  # offsets skipped so far (failOnDataLoss=false)
+        self.publish_times: dict[tuple[str, int], int] = {}  # (topic, offset) -> ms, for lag
 
     def close(self) -> None:
         try:
@@ -148,6 +149,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from connectors.data_loss import report
 
         for topic, first in state.catalog.take_restarts().items():
+            state.publish_times.clear()  # offsets now name other messages
             if topic in begin and first < begin[topic]:
                 lost = report(topic, first, begin[topic],
                               f"the topic's offsets restarted at {first} (a new run of the topic) while this "
@@ -201,7 +203,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _report_lag(
         self, state: _DriverState, begin: dict[str, int], latest: dict[str, int], snapshots: dict[str, "TopicSnapshot"]
     ) -> None:
-        lag = measure_lag(begin, latest, snapshots)
+        lag = measure_lag(begin, latest, snapshots, state.publish_times)
         state.reported = SourceOffset(latest, lag=lag).to_json_dict()
         behind = {t: v for t, v in lag.items() if v["messages"]}
         logger.info("subscription %s lag: %s", self.options.subscription, behind or "none")
@@ -255,14 +257,18 @@ def _release_on_sigterm(reader: DanubeStreamReader) -> None:
 # ---- lag ------------------------------------------------------------------------------------
 
 
-def measure_lag(begin: Mapping[str, int], latest: Mapping[str, int], snapshots: Mapping[str, "TopicSnapshot"]) -> Lag:
+def measure_lag(begin: Mapping[str, int], latest: Mapping[str, int], snapshots: Mapping[str, "TopicSnapshot"],
+                publish_times: dict[tuple[str, int], int] | None = None) -> Lag:
     """Per topic: messages, bytes and milliseconds the subscription is behind.
 
     `bytes` is what the planner would read for the backlog (from descriptor sizes, index
     entries and WAL frame positions); `ms` is the newest message's publish_time minus that of
     the last message read (or of the first unread one when nothing was read yet). Either is
     left out when a range cannot be planned (data loss is reported when it is read).
+    `publish_times` memoises the publish times read, so a stream reads one new message per
+    topic and trigger (the last batch's newest is this batch's last read).
     """
+    memo = publish_times if publish_times is not None else {}
     lag: Lag = {}
     for topic, end in sorted(latest.items()):
         start = begin[topic]
@@ -270,9 +276,9 @@ def measure_lag(begin: Mapping[str, int], latest: Mapping[str, int], snapshots: 
         if end > start:
             snap = snapshots[topic]
             _put(entry, "bytes", _backlog_bytes(snap, start, end))
-            newest = _publish_time(snap, end - 1)
-            read = _publish_time(snap, start - 1) if start > 0 else None
-            read = read if read is not None else _publish_time(snap, start)
+            newest = _memo_publish_time(memo, snap, end - 1)
+            read = _memo_publish_time(memo, snap, start - 1) if start > 0 else None
+            read = read if read is not None else _memo_publish_time(memo, snap, start)
             _put(entry, "ms", None if newest is None or read is None else max(0, newest - read))
         lag[topic] = entry
     return lag
@@ -306,6 +312,21 @@ def _backlog_bytes(snap: "TopicSnapshot", start: int, end: int) -> int | None:
         return None
     sizes = {obj.url: obj.size for obj in snap.objects}
     return sum((t.byte_end if t.byte_end is not None else sizes.get(t.url, t.byte_start)) - t.byte_start for t in tasks)
+
+
+_MEMO_ENTRIES = 4096
+
+
+def _memo_publish_time(memo: dict[tuple[str, int], int], snap: "TopicSnapshot", offset: int) -> int | None:
+    key = (snap.topic, offset)
+    if key not in memo:
+        value = _publish_time(snap, offset)
+        if value is None:
+            return None
+        if len(memo) >= _MEMO_ENTRIES:
+            memo.clear()
+        memo[key] = value
+    return memo[key]
 
 
 def _publish_time(snap: "TopicSnapshot", offset: int) -> int | None:
