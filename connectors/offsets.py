@@ -88,7 +88,9 @@ def expand_spec(option: str, spec: Mapping[str, int], topics: Sequence[str]) -> 
     used: set[str] = set()
     for topic in topics:
         base = TopicName.parse(topic).base_name
-        key = topic if topic in spec else base if base in spec else None
+        kafka_zero = f"{topic}-part-0"  # Kafka's partition 0 of a topic that has no partitions
+        key = (topic if topic in spec else base if base in spec
+               else kafka_zero if TopicName.parse(topic).partition is None and kafka_zero in spec else None)
         if key is None:
             continue
         result[topic] = spec[key]

@@ -70,6 +70,33 @@ KNOWN_OPTIONS = (
 )
 _BY_LOWER = {key.lower(): key for key in KNOWN_OPTIONS}
 
+# Spark's Kafka source names for the same settings: accepted as they are, so a Kafka user's
+# options work unchanged (the danube name wins if both are given).
+KAFKA_ALIASES = {
+    "maxOffsetsPerTrigger": MAX_MESSAGES_PER_TRIGGER,
+    "minOffsetsPerTrigger": MIN_MESSAGES_PER_TRIGGER,
+}
+# Kafka source options with no alias here: what to use instead, so the error teaches.
+KAFKA_EQUIVALENTS = {
+    "subscribe": f"use {TOPIC!r} (a topic or a comma-separated list)",
+    "subscribePattern": f"use {TOPIC_PATTERN!r} (a regular expression over /namespace/topic)",
+    "assign": f"use {TOPIC!r} with partition names (/ns/topic-part-N)",
+    "kafka.bootstrap.servers": f"use {ETCD_ENDPOINTS!r} and {STORAGE_URL!r}: the connector reads storage, not brokers",
+    "includeHeaders": "Danube attributes are always read, in the column `attributes`",
+    "minPartitions": f"set {MAX_PARTITION_BYTES!r}: ranges are split and packed by bytes",
+    "maxRecordsPerPartition": f"set {MAX_PARTITION_BYTES!r}: ranges are split and packed by bytes",
+    "groupIdPrefix": f"use {SUBSCRIPTION!r}: the Danube subscription whose cursor the query commits",
+    "kafka.group.id": f"use {SUBSCRIPTION!r}: the Danube subscription whose cursor the query commits",
+    "fetchOffset.numRetries": f"there is none: etcd reads are retried within {ETCD_TIMEOUT_MS!r}",
+    "fetchOffset.retryIntervalMs": f"there is none: etcd reads are retried within {ETCD_TIMEOUT_MS!r}",
+    "kafkaConsumer.pollTimeoutMs": "there is none: executors read storage, with no consumer to poll",
+    "startingOffsetsByTimestamp": f"use {STARTING_TIMESTAMP!r} (one timestamp for every topic)",
+    "endingOffsetsByTimestamp": f"use {ENDING_TIMESTAMP!r} (one timestamp for every topic)",
+    "startingOffsetsByTimestampStrategy": "there is none: a timestamp past the newest message starts at latest",
+}
+_KAFKA_ALIASES_LOWER = {k.lower(): v for k, v in KAFKA_ALIASES.items()}
+_KAFKA_EQUIVALENTS_LOWER = {k.lower(): (k, v) for k, v in KAFKA_EQUIVALENTS.items()}
+
 DEFAULT_ETCD_TIMEOUT_MS = 5000
 DEFAULT_MAX_PARTITION_BYTES = 128 * 1024 * 1024
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
@@ -215,17 +242,26 @@ def parse_options(raw: Mapping[str, str]) -> DanubeOptions:
 
 
 def _normalise(raw: Mapping[str, str]) -> dict[str, str]:
-    """Lower-cased keys; unknown keys (a typo would silently do nothing) are refused."""
+    """Lower-cased keys, Kafka aliases mapped; unknown keys (a typo would silently do nothing)
+    are refused, Kafka source options with what to use instead."""
     opts: dict[str, str] = {}
+    aliased: dict[str, str] = {}
     for key, value in raw.items():
         lower = key.lower()
+        if lower in _KAFKA_ALIASES_LOWER:
+            aliased[_KAFKA_ALIASES_LOWER[lower].lower()] = str(value)
+            continue
+        if lower in _KAFKA_EQUIVALENTS_LOWER:
+            name, instead = _KAFKA_EQUIVALENTS_LOWER[lower]
+            raise ConfigError(f"option {key!r} is Spark's Kafka source option {name!r}; for the danube "
+                              f"data source {instead}")
         if lower not in _BY_LOWER and not lower.startswith(STORAGE_PREFIX):
             raise ConfigError(
                 f"unknown option {key!r} for the danube data source; accepted: "
                 f"{', '.join(KNOWN_OPTIONS)} and {STORAGE_PREFIX}<fsspec storage option>"
             )
         opts[lower] = str(value)
-    return opts
+    return {**aliased, **opts}
 
 
 def _get(opts: Mapping[str, str], key: str) -> str | None:
@@ -372,12 +408,14 @@ def _namespace(opts: Mapping[str, str]) -> str | None:
 
 
 def _starting(opts: Mapping[str, str]) -> Position | None:
-    accepted = "'earliest', 'latest', 'cursor' or a JSON object {topic: offset} (-2 earliest, -1 latest)"
+    accepted = ("'earliest', 'latest', 'cursor' or a JSON object {topic: offset} or, as Kafka's, "
+                "{topic: {partition: offset}} (-2 earliest, -1 latest)")
     return _position(opts, STARTING_OFFSETS, STARTING_TIMESTAMP, ("earliest", "latest", "cursor"), accepted, EARLIEST)
 
 
 def _ending(opts: Mapping[str, str]) -> Position | None:
-    accepted = "'latest' or a JSON object {topic: end-exclusive offset} (-1 latest)"
+    accepted = ("'latest' or a JSON object {topic: end-exclusive offset} or {topic: {partition: offset}} "
+                "(-1 latest)")
     return _position(opts, ENDING_OFFSETS, ENDING_TIMESTAMP, ("latest",), accepted, LATEST)
 
 
@@ -398,6 +436,8 @@ def _position(
 
 
 def _offsets_json(key: str, text: str, accepted: str, lowest: int) -> dict[str, int]:
+    """`{topic: offset}`, or Kafka's nested `{topic: {"<partition>": offset}}` (partition N of
+    a partitioned topic is `<topic>-part-N`; partition 0 of an unpartitioned one is the topic)."""
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -410,9 +450,13 @@ def _offsets_json(key: str, text: str, accepted: str, lowest: int) -> dict[str, 
             topic = TopicName.parse(name).broker_name
         except InvalidTopicNameError as exc:
             raise _invalid(key, text, f"{accepted}; {exc}") from exc
-        if type(offset) is not int or not lowest <= offset < 2**64:
-            raise _invalid(key, text, f"{accepted}; topic {name!r} has offset {offset!r}")
-        offsets[topic] = offset
+        per_partition = offset.items() if isinstance(offset, dict) else [(None, offset)]
+        for partition, value_ in per_partition:
+            if partition is not None and not (isinstance(partition, str) and partition.isdigit()):
+                raise _invalid(key, text, f"{accepted}; topic {name!r} has partition {partition!r}")
+            if type(value_) is not int or not lowest <= value_ < 2**64:
+                raise _invalid(key, text, f"{accepted}; topic {name!r} has offset {value_!r}")
+            offsets[topic if partition is None else f"{topic}-part-{int(partition)}"] = value_
     return offsets
 
 

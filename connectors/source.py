@@ -51,7 +51,11 @@ class DanubeDataSource(DataSource):
              .trigger(availableNow=True).start("/tables/orders"))
 
     Options (keys are case-insensitive; a bad value fails `load()` with a ValueError naming
-    the option, the value and what is accepted):
+    the option, the value and what is accepted). Coming from Spark's Kafka source:
+    `maxOffsetsPerTrigger` / `minOffsetsPerTrigger` are accepted as they are, offsets JSON
+    may be Kafka's nested `{"/ns/topic": {"0": 12, "1": -2}}` (partition N is `-part-N`), and
+    a Kafka option with no equivalent (`subscribe`, `includeHeaders`, `minPartitions`, ...)
+    fails naming the danube option to use instead:
 
     Where
       etcd.endpoints       required. `host:port`, `http(s)://host:port`, comma-separated.

@@ -36,8 +36,10 @@ def test_bad_value_fails_load(spark, key: str, value: str, streaming: bool) -> N
 
 
 def test_unknown_option_fails_load(spark) -> None:
-    with pytest.raises(Exception, match="unknown option 'maxoffsetspertrigger'"):
-        spark.read.format("danube").options(**BASE).option("maxOffsetsPerTrigger", "5").load()
+    with pytest.raises(Exception, match="unknown option 'maxoffsetspertirgger'"):
+        spark.read.format("danube").options(**BASE).option("maxOffsetsPerTirgger", "5").load()
+    with pytest.raises(Exception, match="Kafka source option 'subscribe'.*use 'topic'"):
+        spark.read.format("danube").options(**BASE).option("subscribe", "orders").load()
 
 
 def test_stream_without_subscription_fails_before_reading(spark, tmp_path) -> None:

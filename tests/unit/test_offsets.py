@@ -120,3 +120,9 @@ def test_source_offset_json_round_trip() -> None:
 def test_source_offset_rejects_other_json(text: str) -> None:
     with pytest.raises(ValueError, match="offset"):
         off.SourceOffset.from_json(text)
+
+
+def test_kafka_partition_0_of_an_unpartitioned_topic_is_the_topic() -> None:
+    assert off.expand_spec("startingOffsets", {"/ns/t-part-0": 5}, ["/ns/t"]) == {"/ns/t": 5}
+    assert off.expand_spec("startingOffsets", {"/ns/p-part-0": 5, "/ns/p-part-1": 6},
+                           ["/ns/p-part-0", "/ns/p-part-1"]) == {"/ns/p-part-0": 5, "/ns/p-part-1": 6}

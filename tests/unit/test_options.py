@@ -181,7 +181,7 @@ def test_bad_namespace_names_option() -> None:
         ({"endingOffsets": "latest", "endingTimestamp": "1"}, "exclude each other"),
         ({"etcd.user": "root"}, "'etcd.user' and 'etcd.password' must be given together"),
         ({"etcd.certKey": "/k.pem"}, "'etcd.certKey' and 'etcd.certCert' must be given together"),
-        ({"maxOffsetsPerTrigger": "5"}, "unknown option 'maxOffsetsPerTrigger'"),
+        ({"maxOffsetsPerTirgger": "5"}, "unknown option 'maxOffsetsPerTirgger'"),
     ],
 )
 def test_bad_combinations(change: dict, message: str) -> None:
@@ -263,3 +263,32 @@ def test_bad_salvage_names_option(extra: dict, words: str) -> None:
     with pytest.raises(ConfigError) as info:
         o.parse_options({**BASE, **extra})
     assert words in str(info.value)
+
+
+def test_kafka_trigger_limits_are_accepted_under_their_kafka_names() -> None:
+    opts = parse(maxOffsetsPerTrigger="1000", minOffsetsPerTrigger="10", maxTriggerDelay="5s")
+    assert (opts.max_messages_per_trigger, opts.min_messages_per_trigger) == (1000, 10)
+    assert parse(maxOffsetsPerTrigger="5", maxMessagesPerTrigger="7").max_messages_per_trigger == 7
+    with pytest.raises(ConfigError, match="maxMessagesPerTrigger"):
+        parse(maxOffsetsPerTrigger="0")
+
+
+@pytest.mark.parametrize("key, words", [
+    ("subscribe", "use 'topic'"), ("subscribePattern", "use 'topicPattern'"),
+    ("includeHeaders", "attributes"), ("minPartitions", "maxPartitionBytes"),
+    ("kafka.bootstrap.servers", "etcd.endpoints"), ("groupIdPrefix", "subscription"),
+])
+def test_kafka_source_options_say_what_to_use_instead(key: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=f"Kafka source option '{key}'") as info:
+        parse(**{key: "x"})
+    assert words in str(info.value)
+
+
+def test_kafka_nested_per_partition_offsets() -> None:
+    opts = parse(startingOffsets='{"/default/orders": {"0": 12, "1": -2}}')
+    assert opts.starting.offsets == {"/default/orders-part-0": 12, "/default/orders-part-1": -2}
+    ending = parse(endingOffsets='{"/default/orders": {"2": 40}}').ending
+    assert ending.offsets == {"/default/orders-part-2": 40}
+    for bad in ('{"/default/orders": {"x": 1}}', '{"/default/orders": {"0": "1"}}', '{"/default/orders": {"0": -3}}'):
+        with pytest.raises(ConfigError, match="startingOffsets"):
+            parse(startingOffsets=bad)
