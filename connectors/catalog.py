@@ -365,7 +365,8 @@ class TopicCatalog:
             known = audit.current_descriptors
             newer_from = known[-1].end_offset + 1 if known else 0
             newer = self._parse(self._metadata.get_range(self._keys.object_key(topic, newer_from), stop_key))
-            found = [d for d in known if d.start_offset < stop] + [d for d in newer if d.start_offset >= newer_from]
+            audit.advance([d for d in newer if d.start_offset >= newer_from])
+            found = [d for d in audit.current_descriptors if d.start_offset < stop]
         else:
             hint = next((a for a, b in self._spans.get(str(topic), ()) if a <= from_offset <= b), None)
             found = []

@@ -119,6 +119,16 @@ class RunAudit:
             return newest.start_offset > self.current_descriptors[-1].end_offset
         return self.current_first is None or newest.start_offset >= self.current_first
 
+    def advance(self, newer: Sequence[ObjectDescriptor]) -> None:
+        """Take uploads made since the audit (by start offset) into the current run, so the
+        next range read starts after them; ones that do not move forward are left out."""
+        for d in newer:
+            last = self.current_descriptors[-1] if self.current_descriptors else None
+            if last is None or (d.start_offset > last.end_offset and d.created_at >= last.created_at):
+                self.current_descriptors.append(d)
+                self.held.append((d.start_offset, d.end_offset + 1))
+                self.current_stop = max(self.current_stop or 0, d.end_offset + 1)
+
     def summary(self) -> str:
         """One line for logs: the current run and what is stale beside it."""
         run = (f"current run holds offsets {self.current_first}..{self.current_stop - 1}"

@@ -99,3 +99,16 @@ def test_current_chain_prefers_cur_and_older_uploads():
     assert [d.start_offset for d in chain] == [0] and [d.start_offset for d in stale] == [100]
     chain, stale = current_chain([old], None)
     assert chain == [old] and stale == []
+
+
+def test_uploads_after_the_audit_join_the_current_run_and_stale_ones_do_not():
+    b0, a600 = desc(0, 599, 1015), desc(600, 799, 1005)
+    result = audit([b0, a600], 0, [(b0.object_id, 0, None), (a600.object_id, 600, None)])
+    assert result.stale_descriptors == [a600]
+    result.advance([a600])  # still there, still older: not the current run's
+    assert result.current_descriptors == [b0]
+    b600 = desc(600, 649, 1100)  # B's own upload overwrote key 600
+    assert result.continues(b600)
+    result.advance([b600])
+    assert result.current_descriptors == [b0, b600] and result.current_stop == 650
+    assert spans(result.reused(0, 650)) == [(600, 650)]  # A's 600..649 are reused now
