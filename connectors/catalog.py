@@ -285,7 +285,12 @@ class TopicCatalog:
         chain, _ = current_chain(descriptors, cur)
         referenced = {d.object_id for d in descriptors}
         uploaded_stop = chain[-1].end_offset + 1 if chain else 0
-        listed = [(oid, start, None if oid in referenced or start >= uploaded_stop
+        newest = max((d.created_at for d in chain), default=0)
+
+        def in_flight(object_id: str, start: int) -> bool:  # written, its descriptor not yet
+            return start >= uploaded_stop and parse_object_id(object_id)[1] >= newest
+
+        listed = [(oid, start, None if oid in referenced or in_flight(oid, start)
                    else self._last_offset_of(self._objects_url(topic) + oid, start))
                   for oid, start, _ in listed]
         stale_wal = self._wal.stale_runs.get(str(topic), []) if self._wal is not None else []
