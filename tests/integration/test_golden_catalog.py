@@ -73,7 +73,7 @@ def test_defaults_read_what_is_uploaded_and_name_the_wal_they_cannot_reach(golde
     scenario = golden("normal")
     owner = broker_ids("normal")["wal"]
     cat, store = catalog(scenario, "auto")
-    with store, caplog.at_level(logging.WARNING, logger="connectors.catalog"):
+    with store, caplog.at_level(logging.WARNING, logger="connectors.unread_tail"):
         found, _, _ = read_all(cat, [scenario.topic])
         cat.latest_offsets([scenario.topic])  # a second look does not warn again
     assert found == {k: v for k, v in expected("normal").items() if k[1] < 1600}
