@@ -279,6 +279,13 @@ class MetadataStore(ABC):
         stream broke. The owner then re-reads and watches again.
         """
 
+    def sync_reads(self) -> None:
+        """Make later reads reflect every write committed anywhere before this call.
+
+        A store reads etcd itself, so there is nothing to do; a store reading a local cache
+        waits for the cache to catch up (for a negative answer that must not be stale).
+        """
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -13,6 +13,7 @@ from typing import Iterator
 
 import pytest
 
+from danube_core.cached_store import CachedMetadataStore
 from danube_core.errors import StaleCacheError
 from danube_core.keys import padded_offset
 from danube_core.local_cache import LocalCache
@@ -251,3 +252,52 @@ def test_memory_store_reads_at_past_revisions_and_refuses_compacted_ones():
             store.range_at("/r/", "/r0", first)
         with pytest.raises(MetadataCompactedError):
             store.watch_prefix("/r/", lambda e: None, start_revision=first)
+
+
+# ---- CachedMetadataStore: writes to the store, reads from the cache, reads its own writes --
+
+
+class FrozenCache(LocalCache):
+    """A cache whose watch never delivers (a watch stuck behind etcd)."""
+
+    def _on_event(self, generation, event) -> None:
+        return
+
+
+def test_cached_store_reads_its_own_writes_at_once():
+    with MemoryMetadataStore() as store:
+        counting = CountingStore(store)
+        cached = CachedMetadataStore(counting, LocalCache(store, ["/c/"]).start())
+        for i in range(20):
+            cached.put("/c/k", b"%d" % i)
+            assert cached.get("/c/k") == b"%d" % i
+        assert cached.compare_and_put("/c/k", b"19", b"x") and cached.get("/c/k") == b"x"
+        assert cached.put_if_absent("/c/new", b"n") and cached.get_prefix("/c/", keys_only=True) == \
+            [("/c/k", b""), ("/c/new", b"")]
+        assert cached.delete("/c/new") and cached.get("/c/new") is None
+        assert counting.reads == 0  # every read above came from the cache
+        cached.close()
+
+
+def test_cached_store_reads_other_keys_from_the_store():
+    with MemoryMetadataStore() as store:
+        counting = CountingStore(store)
+        cached = CachedMetadataStore(counting, LocalCache(store, ["/c/"]).start())
+        store.put("/elsewhere/k", b"v")
+        assert cached.get("/elsewhere/k") == b"v" and cached.get_range("/c/", "/d/") == []
+        assert counting.calls == {"get": 1, "get_range": 1}  # a range wider than the cache: the store
+        cached.close()
+
+
+def test_cached_store_sync_reads_sees_other_writers_and_falls_back_when_the_cache_is_stuck():
+    with MemoryMetadataStore() as store:
+        cached = CachedMetadataStore(store, LocalCache(store, ["/c/"]).start())
+        store.put("/c/other-writer", b"v")  # not through the cached store
+        cached.sync_reads()
+        assert cached.get("/c/other-writer") == b"v"
+        cached.close()
+        stuck = CachedMetadataStore(store, FrozenCache(store, ["/c/"]).start(), wait_s=0.05)
+        stuck.put("/c/k", b"mine")
+        assert stuck.get("/c/k") == b"mine"  # from etcd: the cache never got there
+        assert stuck.cache.get("/c/k") is None
+        stuck.close()
