@@ -2,7 +2,10 @@
 
 Boot order (as Danube's, §5.5): cluster name key, namespaces `default`, `system` and the
 bootstrap ones with the configured policies, the system topic root key, the gRPC server, then
-registration, state, assignments watch, load reports and leader election. Shutdown hands every
+registration, state, assignments watch, load reports and leader election. Client lookups
+(topics, owners, registrations, namespaces and policies, producer and subscription records)
+read a `LocalCache` of `/cluster/`, `/namespaces/` and `/topics/` that reads its own writes, as
+Danube's LocalCache; leader election, assignment handling and storage read etcd. Shutdown hands every
 topic over (reliable ones are sealed) before the registration lease is revoked, so the leader
 reassigns them at once and the next owner continues after the sealed offset.
 """
@@ -17,8 +20,10 @@ from typing import Any
 
 import grpc
 
+from danube_core.cached_store import CachedMetadataStore
 from danube_core.errors import ConfigError
-from danube_core.keys import topic_root_key
+from danube_core.keys import CLUSTER_PREFIX, NAMESPACES_PREFIX, TOPICS_PREFIX, topic_root_key
+from danube_core.local_cache import LocalCache
 from danube_core.metadata import EtcdMetadataStore, MetadataStore
 from danube_core.records import BrokerRegistration, dump_u64
 from danube_core.topics import TopicName
@@ -43,6 +48,8 @@ GRPC_MAX_MESSAGE_BYTES = 256 * MIB  # above any max_message_size, so the policy 
 SYSTEM_NAMESPACES = ("default", "system")
 SYSTEM_TOPIC = TopicName("system", "_events_topic")
 S3_OPTION_NAMES = {"access_key": "key", "secret_key": "secret", "anonymous": "anon"}
+# What the broker's lookups read (a stale read there only delays what a client sees).
+LOOKUP_PREFIXES = [CLUSTER_PREFIX, NAMESPACES_PREFIX, TOPICS_PREFIX]
 
 
 def storage_settings(config: BrokerConfig) -> StorageSettings:
@@ -110,6 +117,7 @@ class BrokerServer:
         self.config = config
         self.broker_id = random_id()
         self.metadata: MetadataStore | None = None
+        self.lookups: CachedMetadataStore | None = None  # the store, reads from the local cache
         self.service: BrokerService | None = None
         self._etcd: EmbeddedEtcd | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -124,8 +132,11 @@ class BrokerServer:
         cfg = self.config
         self.metadata = await asyncio.to_thread(self._connect_metadata)
         await asyncio.to_thread(self._bootstrap_metadata)
+        cache = await asyncio.to_thread(
+            LocalCache(self.metadata, LOOKUP_PREFIXES, name=f"broker-{self.broker_id}").start)
+        self.lookups = CachedMetadataStore(self.metadata, cache)
         self._engine = StorageEngine(storage_settings(cfg), self.metadata, self.broker_id)
-        registry = TopicRegistry(self.metadata)
+        registry = TopicRegistry(self.lookups)
         self.service = BrokerService(cfg, registry, self._engine, self.broker_id, asyncio.get_running_loop())
         self._grpc = grpc.aio.server(options=[
             ("grpc.so_reuseport", 0),
@@ -199,6 +210,8 @@ class BrokerServer:
             await asyncio.to_thread(self._membership.leave)
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
+        if self.lookups is not None:
+            self.lookups.close()
         if self.metadata is not None:
             self.metadata.close()
         if self._etcd is not None:
