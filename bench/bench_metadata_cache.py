@@ -38,6 +38,7 @@ from bench_connector import put_all, topic_items  # noqa: E402
 from common import Column, machine_info, print_table, timed, write_results  # noqa: E402
 from broker.embedded_etcd import EmbeddedEtcd  # noqa: E402
 from danube_core import keys  # noqa: E402
+from danube_core.local_cache import LocalCache  # noqa: E402
 from danube_core.metadata import EtcdMetadataStore  # noqa: E402
 from danube_core.objectstore import object_id_for  # noqa: E402
 from danube_core.records import CurPointer, ObjectDescriptor  # noqa: E402
@@ -117,8 +118,10 @@ def run_case(endpoint: str, cached: bool, triggers: int, interval_s: float) -> d
     from connectors.stream import DanubeStreamReader
 
     counters: list[CountingStore] = []
-    original = options_module.EtcdSettings.connect
+    original, original_start = options_module.EtcdSettings.connect, LocalCache.start
     options_module.EtcdSettings.connect = lambda self: counters.append(CountingStore(original(self))) or counters[-1]
+    if not cached:  # the baseline loads no cache: its driver is the one from before the cache
+        LocalCache.start = lambda self: self  # type: ignore[method-assign]
     try:
         reader = DanubeStreamReader(options_module.parse_options({
             "etcd.endpoints": endpoint, "storage.url": "memory://bench-metadata-cache", "walRoot": "none",
@@ -127,7 +130,7 @@ def run_case(endpoint: str, cached: bool, triggers: int, interval_s: float) -> d
         with timed() as started:  # etcd connection, subscription lock, the cache's first load
             start = reader.initialOffset()
     finally:
-        options_module.EtcdSettings.connect = original
+        options_module.EtcdSettings.connect, LocalCache.start = original, original_start
     state, etcd = reader._driver(), counters[0]
     if not cached:
         state.catalog = state.etcd_catalog  # the baseline: the same driver planning from etcd
@@ -143,7 +146,8 @@ def run_case(endpoint: str, cached: bool, triggers: int, interval_s: float) -> d
             offsets_planned += end["offsets"][TOPIC] - start["offsets"][TOPIC]
             start = end
             time.sleep(interval_s)  # a processingTime trigger
-        loaded_keys = len(state.cache.get_prefix(keys.StorageKeys().objects_prefix(TOPIC), keys_only=True))
+        loaded_keys = len(state.cache.get_prefix(keys.StorageKeys().objects_prefix(TOPIC), keys_only=True)) \
+            if cached else None
     finally:
         reader.stop()
     steady = rows[1:]
@@ -158,7 +162,7 @@ def run_case(endpoint: str, cached: bool, triggers: int, interval_s: float) -> d
         "range_reads_after_first": sum(r["range_reads"] for r in steady),
         "first_10_median_ms": round(statistics.median(r["wall_ms"] for r in steady[:10]), 3),
         "last_10_median_ms": round(statistics.median(r["wall_ms"] for r in steady[-10:]), 3),
-        "descriptors_in_cache_at_end": loaded_keys if cached else None,
+        "descriptors_in_cache_at_end": loaded_keys,
     }
 
 

@@ -3,9 +3,10 @@
 Boot order (as Danube's, §5.5): cluster name key, namespaces `default`, `system` and the
 bootstrap ones with the configured policies, the system topic root key, the gRPC server, then
 registration, state, assignments watch, load reports and leader election. Client lookups
-(topics, owners, registrations, namespaces and policies, producer and subscription records)
-read a `LocalCache` of `/cluster/`, `/namespaces/` and `/topics/` that reads its own writes, as
-Danube's LocalCache; leader election, assignment handling and storage read etcd. Shutdown hands every
+(topics, owners, registrations, namespaces and policies, producer and subscription records),
+the membership's assignment handling and the leader's placement read a `LocalCache` of
+`/cluster/`, `/namespaces/` and `/topics/` that reads its own writes and hands them watch events
+once applied, as Danube's LocalCache; the leader election and storage read etcd. Shutdown hands every
 topic over (reliable ones are sealed) before the registration lease is revoked, so the leader
 reassigns them at once and the next owner continues after the sealed offset.
 """
@@ -174,10 +175,10 @@ class BrokerServer:
             prom_exporter=f"{cfg.listener.host}:{cfg.listener.prometheus_port}" if cfg.listener.prometheus_port else None,
             wal_url="file://" + os.path.abspath(cfg.wal.dir),
         )
-        self._membership = ClusterMembership(self.metadata, self.broker_id, registration, cfg.cluster_name,
+        self._membership = ClusterMembership(self.lookups, self.broker_id, registration, cfg.cluster_name,
                                              cfg.coordination)
         self._membership.join(self.service)
-        self._assigner = TopicAssigner(self.metadata, self._engine.keys)
+        self._assigner = TopicAssigner(self.lookups, self._engine.keys)
         coordination = cfg.coordination
         self._election = LeaderElection(self.metadata, self.broker_id, coordination.leader_ttl_seconds,
                                         coordination.leader_check_interval_seconds,

@@ -9,7 +9,10 @@ create-if-absent. If the cache cannot get there within `wait_s` (its watch is do
 goes to etcd: slower, never older than our own writes.
 
 Writes by *other* processes become visible when the cache's watch delivers them (milliseconds),
-as in Danube: hand this object only to code for which such a read is safe.
+as in Danube: hand this object only to code for which such a read is safe. A watch under the
+cache's prefixes is a subscription to the cache: its callback runs once the cache has applied
+the change, so what the callback (or work it schedules) reads is at least that new. After a
+lost etcd watch the cache re-lists, and such a watch sees the net changes of the gap.
 """
 
 from __future__ import annotations
@@ -134,6 +137,10 @@ class CachedMetadataStore(MetadataStore):
         self, prefix: str, callback: WatchCallback, *, start_revision: int | None = None,
         on_lost: LostCallback | None = None,
     ) -> WatchHandle:
+        covered = any(prefix.startswith(p) for p in self.cache.prefixes)
+        if covered and start_revision is None and on_lost is None:
+            subscription = self.cache.subscribe(prefix, callback)
+            return WatchHandle(prefix, callback, subscription.cancel)
         return self.store.watch_prefix(prefix, callback, start_revision=start_revision, on_lost=on_lost)
 
     def close(self) -> None:

@@ -301,3 +301,18 @@ def test_cached_store_sync_reads_sees_other_writers_and_falls_back_when_the_cach
         assert stuck.get("/c/k") == b"mine"  # from etcd: the cache never got there
         assert stuck.cache.get("/c/k") is None
         stuck.close()
+
+
+def test_cached_store_watch_runs_after_the_cache_applied_the_change():
+    with MemoryMetadataStore() as store:
+        cached = CachedMetadataStore(store, LocalCache(store, ["/c/"]).start())
+        seen = queue.SimpleQueue()
+        handle = cached.watch_prefix("/c/a/", lambda event: seen.put((event.key, cached.cache.get(event.key))))
+        store.put("/c/a/k", b"v")  # another writer: only the watch tells the cache
+        assert seen.get(timeout=WAIT_S) == ("/c/a/k", b"v")
+        handle.cancel()
+        store.put("/c/a/k", b"w")
+        revision = store.put("/c/a/z", b"z")
+        cached.cache.wait_for_revision(revision, WAIT_S)
+        assert seen.empty()  # cancelled: no more calls
+        cached.close()
