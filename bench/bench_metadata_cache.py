@@ -128,12 +128,13 @@ def run_case(endpoint: str, cached: bool, triggers: int, interval_s: float) -> d
             "topic": TOPIC, "subscription": f"bench-{uuid.uuid4().hex[:8]}", "startingOffsets": "latest",
         }))
         with timed() as started:  # etcd connection, subscription lock, the cache's first load
+            state = reader._driver()
+            if not cached:
+                state.catalog = state.etcd_catalog  # the baseline: the same driver planning from etcd
             start = reader.initialOffset()
     finally:
         options_module.EtcdSettings.connect, LocalCache.start = original, original_start
-    state, etcd = reader._driver(), counters[0]
-    if not cached:
-        state.catalog = state.etcd_catalog  # the baseline: the same driver planning from etcd
+    etcd = counters[0]
     rows, offsets_planned = [], 0
     try:
         for trigger in range(triggers):

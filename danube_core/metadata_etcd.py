@@ -124,7 +124,9 @@ def _read_file(path: str | None, what: str) -> bytes | None:
 
 # etcd caps a response at 4 MiB by default (a topic's 100,000 descriptors are ~30 MB), so large
 # ranges are read in pages; later pages are pinned to the first page's revision, so the whole
-# read is one consistent snapshot.
+# read is one consistent snapshot. Pages ask for no sort order: etcd returns a range in key order
+# anyway, and any explicit sort makes it read every remaining key of the range before applying
+# the limit (each page of a 100,000-key range then cost ~7x more, the whole read O(n²)).
 PAGE_KEYS = 1000
 
 
@@ -133,8 +135,8 @@ def _paged_range(client: Any, start: bytes, end: bytes, limit: int | None,
     found: KeyValues = []
     while limit is None or len(found) < limit:
         page = PAGE_KEYS if limit is None else min(PAGE_KEYS, limit - len(found))
-        response = client.get_range_response(start, end, sort_order="ascend", limit=page,
-                                             revision=revision, keys_only=keys_only)
+        response = client.get_range_response(start, end, limit=page, revision=revision,
+                                             keys_only=keys_only)
         revision = revision or response.header.revision
         found.extend((kv.key.decode(), b"" if keys_only else kv.value) for kv in response.kvs)
         if not response.more or not response.kvs:
