@@ -8,7 +8,8 @@ therefore opened lazily on the first driver-side call and never pickled.
 The catalog reads a `LocalCache` of the prefixes it needs (descriptors, `cur`, sealed states,
 broker registrations and assignments, the namespace index), loaded once per query and kept
 current by a watch, so a trigger plans from memory without etcd range reads. Writes (cursor
-commits, the lock, lag records) go to etcd. A cache behind etcd can only make a trigger see
+commits, the lock, lag records) go to etcd; the values they compare against come from the
+cache (`CachedMetadataStore`), so a steady-state trigger reads nothing from etcd. A cache behind etcd can only make a trigger see
 less: a plan that finds offsets missing is made again from etcd (`plan_partitions(recheck=)`),
 and executors check what they read (CRC, offset continuity) as they always do.
 
@@ -65,6 +66,7 @@ class _DriverState:
 
     def __init__(self, options: DanubeOptions) -> None:
         from connectors.cursor_commit import CursorWriter, SubscriptionLock
+        from danube_core.cached_store import CachedMetadataStore
         from danube_core.local_cache import LocalCache
 
         assert options.subscription is not None  # require_stream() checked it
@@ -83,7 +85,9 @@ class _DriverState:
             raise
         self.catalog = new_catalog(options, self.cache)  # plans from memory
         self.etcd_catalog = new_catalog(options, self.metadata)  # re-checks a plan that finds a gap
-        self.writer = CursorWriter(self.metadata, options.subscription)
+        # Cursor and lag writes read the keys they replace from the cache too (their own
+        # writes are waited for; a failed compare makes the retry read etcd's current state).
+        self.writer = CursorWriter(CachedMetadataStore(self.metadata, self.cache), options.subscription)
         self.target: dict[str, int] | None = None  # Trigger.AvailableNow: read up to here
         self.last_batch_ms = time.monotonic() * 1000
         self.reported: dict | None = None

@@ -6,7 +6,9 @@ otherwise). Before a cached read, the cache must have applied every write made t
 object (read-your-writes, process-wide): a write's revision is what `put` /
 `compare_and_put_revision` return, or etcd's current revision after a delete or a
 create-if-absent. If the cache cannot get there within `wait_s` (its watch is down), the read
-goes to etcd: slower, never older than our own writes.
+goes to etcd: slower, never older than our own writes. A compare-and-put that fails, or a
+create-if-absent, means the caller's view may be old: later reads wait for etcd's current
+revision, so read-compare-write loops converge.
 
 Writes by *other* processes become visible when the cache's watch delivers them (milliseconds),
 as in Danube: hand this object only to code for which such a read is safe. A watch under the
@@ -101,12 +103,13 @@ class CachedMetadataStore(MetadataStore):
         revision = self.store.compare_and_put_revision(key, expected, value)
         if revision is not None:
             self.wrote(revision)
+        else:
+            self.sync_reads()  # `expected` came from a stale read: the caller's retry reads anew
         return revision
 
     def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> bool:
         created = self.store.put_if_absent(key, value, lease)
-        if created:
-            self._wrote_now()
+        self._wrote_now()  # created, or it exists and later reads must show it
         return created
 
     def delete(self, key: str) -> bool:
