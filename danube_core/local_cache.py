@@ -223,7 +223,7 @@ class LocalCache:
             old_handle, self._handle = self._handle, None
             changes = _differences(self._values, values, revision) if self.loads else []
             self._values, self._keys = values, sorted(values)
-            self._revision = max(self._revision, revision)
+            self._revision = revision  # below the old one only if etcd lost its data
             self.loads += 1
             self._cond.notify_all()
         if old_handle is not None:
