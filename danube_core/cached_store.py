@@ -15,6 +15,9 @@ as in Danube: hand this object only to code for which such a read is safe. A wat
 cache's prefixes is a subscription to the cache: its callback runs once the cache has applied
 the change, so what the callback (or work it schedules) reads is at least that new. After a
 lost etcd watch the cache re-lists, and such a watch sees the net changes of the gap.
+Watch callbacks run on the thread that applies the cache's events, so they should hand work
+off (as the broker's do) rather than read here after a write: that read would wait for an event
+the same thread has yet to apply, and fall back to etcd after `wait_s`.
 """
 
 from __future__ import annotations
