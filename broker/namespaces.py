@@ -5,6 +5,10 @@ broker's configured policies; namespaces created through the admin get all zeros
 `max_message_size: 0` (unlimited), as Danube's admin does. The topic index
 `/namespaces/{ns}/topics/{ns}/{topic}` = null is the only record of which topics (and
 partitions) a namespace holds.
+
+The broker hands these classes a store whose reads come from its local cache: a key another
+process wrote moments ago may not be there yet, so an answer "absent" is confirmed against
+etcd (`present`) before anything is decided on it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,14 @@ def check_namespace_name(namespace: str) -> None:
         )
 
 
+def present(metadata: MetadataStore, key: str) -> bool:
+    """Whether `key` exists; a cached "no" is confirmed after the cache caught up with etcd."""
+    if metadata.get(key) is not None:
+        return True
+    metadata.sync_reads()
+    return metadata.get(key) is not None
+
+
 class Namespaces:
     """Namespace records over a metadata store."""
 
@@ -44,7 +56,7 @@ class Namespaces:
         self._metadata = metadata
 
     def exists(self, namespace: str) -> bool:
-        return self._metadata.get(namespace_policy_key(namespace)) is not None
+        return present(self._metadata, namespace_policy_key(namespace))
 
     def ensure(self, namespace: str, policies: Policies) -> bool:
         """Create the namespace with `policies` unless it exists; True if it was created."""
@@ -70,6 +82,8 @@ class Namespaces:
     def policies(self, namespace: str) -> Policies:
         key = namespace_policy_key(namespace)
         raw = self._metadata.get(key)
+        if raw is None and present(self._metadata, key):
+            raw = self._metadata.get(key)
         if raw is None:
             raise NotFoundError(f"namespace {namespace!r} does not exist ({key} is missing)")
         return Policies.from_json(raw, key)
@@ -95,7 +109,7 @@ class Namespaces:
         return [topic_from_namespace_index_key(key) for key, _ in rows]
 
     def has_topic(self, topic: TopicName) -> bool:
-        return self._metadata.get(namespace_topic_key(topic)) is not None
+        return present(self._metadata, namespace_topic_key(topic))
 
     def delete(self, namespace: str) -> None:
         """Delete an empty namespace; InvalidRequestError if it still holds topics."""

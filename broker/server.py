@@ -2,7 +2,11 @@
 
 Boot order (as Danube's, §5.5): cluster name key, namespaces `default`, `system` and the
 bootstrap ones with the configured policies, the system topic root key, the gRPC server, then
-registration, state, assignments watch, load reports and leader election. Shutdown hands every
+registration, state, assignments watch, load reports and leader election. Client lookups
+(topics, owners, registrations, namespaces and policies, producer and subscription records),
+the membership's assignment handling and the leader's placement read a `LocalCache` of
+`/cluster/`, `/namespaces/` and `/topics/` that reads its own writes and hands them watch events
+once applied, as Danube's LocalCache; the leader election and storage read etcd. Shutdown hands every
 topic over (reliable ones are sealed) before the registration lease is revoked, so the leader
 reassigns them at once and the next owner continues after the sealed offset.
 """
@@ -18,8 +22,10 @@ from urllib.parse import urlsplit
 
 import grpc
 
+from danube_core.cached_store import CachedMetadataStore
 from danube_core.errors import ConfigError
-from danube_core.keys import topic_root_key
+from danube_core.keys import CLUSTER_PREFIX, NAMESPACES_PREFIX, TOPICS_PREFIX, topic_root_key
+from danube_core.local_cache import LocalCache
 from danube_core.metadata import EtcdMetadataStore, MetadataStore
 from danube_core.records import BrokerRegistration, dump_u64
 from danube_core.topics import TopicName
@@ -45,6 +51,8 @@ GRPC_MAX_MESSAGE_BYTES = 256 * MIB  # above any max_message_size, so the policy 
 SYSTEM_NAMESPACES = ("default", "system")
 SYSTEM_TOPIC = TopicName("system", "_events_topic")
 S3_OPTION_NAMES = {"access_key": "key", "secret_key": "secret", "anonymous": "anon"}
+# What the broker's lookups read (a stale read there only delays what a client sees).
+LOOKUP_PREFIXES = [CLUSTER_PREFIX, NAMESPACES_PREFIX, TOPICS_PREFIX]
 
 
 def storage_settings(config: BrokerConfig) -> StorageSettings:
@@ -112,6 +120,7 @@ class BrokerServer:
         self.config = config
         self.broker_id = random_id()
         self.metadata: MetadataStore | None = None
+        self.lookups: CachedMetadataStore | None = None  # the store, reads from the local cache
         self.service: BrokerService | None = None
         self._etcd: EmbeddedEtcd | None = None
         self._wal_http: WalHttpServer | None = None
@@ -127,8 +136,11 @@ class BrokerServer:
         cfg = self.config
         self.metadata = await asyncio.to_thread(self._connect_metadata)
         await asyncio.to_thread(self._bootstrap_metadata)
+        cache = await asyncio.to_thread(
+            LocalCache(self.metadata, LOOKUP_PREFIXES, name=f"broker-{self.broker_id}").start)
+        self.lookups = CachedMetadataStore(self.metadata, cache)
         self._engine = StorageEngine(storage_settings(cfg), self.metadata, self.broker_id)
-        registry = TopicRegistry(self.metadata)
+        registry = TopicRegistry(self.lookups)
         self.service = BrokerService(cfg, registry, self._engine, self.broker_id, asyncio.get_running_loop())
         self._grpc = grpc.aio.server(options=[
             ("grpc.so_reuseport", 0),
@@ -166,10 +178,10 @@ class BrokerServer:
             prom_exporter=f"{cfg.listener.host}:{cfg.listener.prometheus_port}" if cfg.listener.prometheus_port else None,
             wal_url=self._wal_url(),
         )
-        self._membership = ClusterMembership(self.metadata, self.broker_id, registration, cfg.cluster_name,
+        self._membership = ClusterMembership(self.lookups, self.broker_id, registration, cfg.cluster_name,
                                              cfg.coordination)
         self._membership.join(self.service)
-        self._assigner = TopicAssigner(self.metadata, self._engine.keys)
+        self._assigner = TopicAssigner(self.lookups, self._engine.keys)
         coordination = cfg.coordination
         self._election = LeaderElection(self.metadata, self.broker_id, coordination.leader_ttl_seconds,
                                         coordination.leader_check_interval_seconds,
@@ -212,6 +224,8 @@ class BrokerServer:
             await asyncio.to_thread(self._membership.leave)
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
+        if self.lookups is not None:
+            self.lookups.close()
         if self.metadata is not None:
             self.metadata.close()
         if self._wal_http is not None:

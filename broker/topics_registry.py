@@ -49,7 +49,7 @@ from danube_core.records import (
 from danube_core.topics import TopicName
 
 from broker.client_errors import AlreadyExistsError, InvalidRequestError, NotFoundError
-from broker.namespaces import Namespaces
+from broker.namespaces import Namespaces, present
 
 logger = logging.getLogger(__name__)
 
@@ -95,13 +95,14 @@ class TopicRegistry:
 
     def registration(self, broker_id: int) -> BrokerRegistration | None:
         key = register_key(broker_id)
-        raw = self.metadata.get(key)
+        raw = self.metadata.get(key) if present(self.metadata, key) else None
         return None if raw is None else BrokerRegistration.from_json(raw, key)
 
     # ---- create -----------------------------------------------------------------------------
 
     def create(self, topic: TopicName, delivery: str, schema_subject: str | None = None) -> None:
         """Write a new topic's keys in Danube's order; the leader then assigns it (§6.1)."""
+        self.metadata.sync_reads()  # the existence checks below must not miss a recent create
         self.namespaces.require(topic.namespace)
         if self.exists(topic):
             raise AlreadyExistsError(f"topic {topic} already exists ({namespace_topic_key(topic)})")
@@ -143,7 +144,7 @@ class TopicRegistry:
         self.metadata.put(producer_key(topic, record.producer_id), record.to_json())
 
     def producer_exists(self, topic: TopicName, producer_id: int) -> bool:
-        return self.metadata.get(producer_key(topic, producer_id)) is not None
+        return present(self.metadata, producer_key(topic, producer_id))
 
     def delete_producers(self, topic: TopicName) -> None:
         self.metadata.delete_prefix(producers_prefix(topic))
@@ -172,6 +173,7 @@ class TopicRegistry:
     def unload(self, topic: TopicName) -> int:
         """Admin UnloadTopic (§6.2 step 1): marker `{"from_broker","reason":"unload"}`, then
         delete the assignment; the owner seals and the leader reassigns. Returns the owner."""
+        self.metadata.sync_reads()  # acts on the owner: read it as etcd has it now
         owner = self._require_owner(topic)
         marker = UnassignedMarker(from_broker=owner, reason="unload")
         self.metadata.put(unassigned_key(topic), marker.to_json())
@@ -185,6 +187,7 @@ class TopicRegistry:
             raise InvalidRequestError(
                 f"cannot delete the single partition {topic}; delete its base topic {topic.base_name}"
             )
+        self.metadata.sync_reads()  # acts on owners and keys: read them as etcd has them now
         targets = self.partitions(topic)
         if not targets:
             raise NotFoundError(f"topic {topic} does not exist ({namespace_topic_key(topic)} is missing)")

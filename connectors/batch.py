@@ -2,7 +2,9 @@
 
 Planning runs on the driver: resolve the topics, turn the starting/ending options into
 end-exclusive positions, snapshot the topics (descriptors by key range, sealed state, WAL
-head) and let the pure planner cut `[start, end)` into `ReadTask`s. Each Spark partition
+head) and let the pure planner cut `[start, end)` into `ReadTask`s. A batch read reads etcd
+once; a stream reads through a `LocalCache` (see `connectors.stream`) and re-plans from etcd
+when a plan made from the cache finds offsets missing, so a stale cache delays, never skips. Each Spark partition
 carries one task, so executors read their object byte range or WAL run without etcd and
 convert the decoded Arrow batches to the Spark schema (`read()` yields Arrow batches).
 """
@@ -17,11 +19,15 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from connectors.offsets import resolve_end, resolve_start
 from connectors.options import DanubeOptions
 from connectors.read_task import ReadTask
+from danube_core import keys
+from danube_core.errors import DataLossError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from connectors.catalog import TopicCatalog
+    from connectors.planner import PlanResult
+    from danube_core.local_cache import LocalCache
     from danube_core.metadata import MetadataStore
 
 logger = logging.getLogger(__name__)
@@ -48,18 +54,29 @@ class DanubePartition(InputPartition):
 
 def open_catalog(options: DanubeOptions) -> tuple["TopicCatalog", "MetadataStore"]:
     """The driver's catalog and the etcd connection behind it (close the store when done)."""
+    metadata = options.etcd.connect()
+    return new_catalog(options, metadata), metadata
+
+
+def catalog_prefixes(root_prefix: str) -> list[str]:
+    """Every etcd prefix a `TopicCatalog` reads: what a stream's `LocalCache` covers."""
+    return [keys.StorageKeys(root_prefix).topics_prefix(), keys.CLUSTER_PREFIX,
+            keys.NAMESPACES_PREFIX, keys.TOPICS_PREFIX]
+
+
+def new_catalog(options: DanubeOptions, reader: "MetadataStore | LocalCache") -> "TopicCatalog":
+    """A catalog reading etcd keys from `reader`: the store itself, or a cache of it (the
+    catalog only reads, through `get`, `get_range` and `get_prefix`)."""
     from connectors.catalog import TopicCatalog
 
-    metadata = options.etcd.connect()
-    catalog = TopicCatalog(
-        metadata,
+    return TopicCatalog(
+        reader,  # type: ignore[arg-type]  # a LocalCache has MetadataStore's read half
         root_prefix=options.root_prefix,
         storage_url=options.storage_url,
         storage_options=dict(options.storage_options),
         wal_root=options.wal_root,
         fail_on_data_loss=options.fail_on_data_loss,
     )
-    return catalog, metadata
 
 
 def topics_of(catalog: "TopicCatalog", options: DanubeOptions) -> list[str]:
@@ -74,30 +91,51 @@ def topics_of(catalog: "TopicCatalog", options: DanubeOptions) -> list[str]:
 
 def plan_partitions(
     catalog: "TopicCatalog", options: DanubeOptions, start: Mapping[str, int], end: Mapping[str, int],
-    skipped: dict[str, int] | None = None,
+    skipped: dict[str, int] | None = None, *, recheck: "TopicCatalog | None" = None,
 ) -> list[DanubePartition]:
     """Partitions reading `[start[t], end[t])` of every topic of `end` (start covers them all).
 
     With failOnDataLoss=false, the offsets skipped per topic are added to `skipped`.
+    `recheck`: a catalog reading etcd itself, when `catalog` reads a cache. A plan from the
+    cache that finds offsets missing (a descriptor the cache has not seen yet, while retention
+    already removed those WAL frames) is made again from etcd, which alone decides data loss.
     """
-    from connectors.planner import pack_tasks, plan_tasks
+    from connectors.planner import pack_tasks
 
     wanted = {t: e for t, e in end.items() if e != start[t]}
     if not wanted:
         return []
-    begin = {t: min(start[t], e) for t, e in wanted.items()}
-    snapshots = catalog.snapshots(begin, {t: max(start[t], e) for t, e in wanted.items()})
-    plan = plan_tasks(
-        snapshots, {t: start[t] for t in wanted}, wanted,
-        max_partition_bytes=options.max_partition_bytes,
-        fail_on_data_loss=options.fail_on_data_loss,
-    )
+    try:
+        plan = _plan(catalog, options, start, wanted)
+    except DataLossError as exc:
+        if recheck is None:
+            raise
+        logger.info("plan from the metadata cache finds offsets missing (%s); re-planning from etcd", exc)
+        plan = _plan(recheck, options, start, wanted)
+    else:
+        if plan.lost and recheck is not None:
+            logger.info("plan from the metadata cache finds offsets missing (%s); re-planning from etcd",
+                        plan.lost_offsets)
+            plan = _plan(recheck, options, start, wanted)
     if plan.lost:
         logger.warning("skipping lost offsets per topic (failOnDataLoss=false): %s", plan.lost_offsets)
         if skipped is not None:
             for topic, count in plan.lost_offsets.items():
                 skipped[topic] = skipped.get(topic, 0) + count
     return [DanubePartition(i, group) for i, group in enumerate(pack_tasks(plan.tasks, options.max_partition_bytes))]
+
+
+def _plan(catalog: "TopicCatalog", options: DanubeOptions, start: Mapping[str, int],
+          wanted: dict[str, int]) -> "PlanResult":
+    from connectors.planner import plan_tasks
+
+    begin = {t: min(start[t], e) for t, e in wanted.items()}
+    snapshots = catalog.snapshots(begin, {t: max(start[t], e) for t, e in wanted.items()})
+    return plan_tasks(
+        snapshots, {t: start[t] for t in wanted}, wanted,
+        max_partition_bytes=options.max_partition_bytes,
+        fail_on_data_loss=options.fail_on_data_loss,
+    )
 
 
 def read_partition(partition: InputPartition, include_source: bool) -> Iterator["pa.RecordBatch"]:

@@ -2,8 +2,16 @@
 
 Spark runs this reader's driver-side methods in one long-lived Python process per query
 (`initialOffset`, `latestOffset`, `partitions`, `commit`, ...) and pickles it for `read()` on
-executors. The driver state (etcd connection, catalog, subscription lock) is therefore
-opened lazily on the first driver-side call and never pickled.
+executors. The driver state (etcd connection, metadata cache, catalog, subscription lock) is
+therefore opened lazily on the first driver-side call and never pickled.
+
+The catalog reads a `LocalCache` of the prefixes it needs (descriptors, `cur`, sealed states,
+broker registrations and assignments, the namespace index), loaded once per query and kept
+current by a watch, so a trigger plans from memory without etcd range reads. Writes (cursor
+commits, the lock, lag records) go to etcd; the values they compare against come from the
+cache (`CachedMetadataStore`), so a steady-state trigger reads nothing from etcd. A cache behind etcd can only make a trigger see
+less: a plan that finds offsets missing is made again from etcd (`plan_partitions(recheck=)`),
+and executors check what they read (CRC, offset continuity) as they always do.
 
 Offsets are `SourceOffset` JSON: end-exclusive positions per topic partition plus the
 subscription and etcd endpoints, so the cursor-committing listener can act on a progress
@@ -38,7 +46,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from connectors.batch import open_catalog, plan_partitions, read_partition, topics_of
+from connectors.batch import catalog_prefixes, new_catalog, plan_partitions, read_partition, topics_of
 from connectors.offsets import SourceOffset, cap_at, message_counts, resolve_start, with_new_topics
 from connectors.options import DanubeOptions
 
@@ -58,15 +66,28 @@ class _DriverState:
 
     def __init__(self, options: DanubeOptions) -> None:
         from connectors.cursor_commit import CursorWriter, SubscriptionLock
+        from danube_core.cached_store import CachedMetadataStore
+        from danube_core.local_cache import LocalCache
 
         assert options.subscription is not None  # require_stream() checked it
-        self.catalog, self.metadata = open_catalog(options)
+        self.metadata = options.etcd.connect()
         try:
             self.lock = SubscriptionLock(self.metadata, options.root_prefix, options.subscription)
         except BaseException:
             self.metadata.close()
             raise
-        self.writer = CursorWriter(self.metadata, options.subscription)
+        try:
+            self.cache = LocalCache(self.metadata, catalog_prefixes(options.root_prefix),
+                                    name=f"stream-{options.subscription}").start()
+        except BaseException:
+            self.lock.release()
+            self.metadata.close()
+            raise
+        self.catalog = new_catalog(options, self.cache)  # plans from memory
+        self.etcd_catalog = new_catalog(options, self.metadata)  # re-checks a plan that finds a gap
+        # Cursor and lag writes read the keys they replace from the cache too (their own
+        # writes are waited for; a failed compare makes the retry read etcd's current state).
+        self.writer = CursorWriter(CachedMetadataStore(self.metadata, self.cache), options.subscription)
         self.target: dict[str, int] | None = None  # Trigger.AvailableNow: read up to here
         self.last_batch_ms = time.monotonic() * 1000
         self.reported: dict | None = None
@@ -78,6 +99,7 @@ class _DriverState:
         try:
             self.lock.release()
         finally:
+            self.cache.close()
             self.metadata.close()
 
 
@@ -220,7 +242,8 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state = self._driver()
         stop = SourceOffset.from_json_dict(end).positions
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, stop, state.catalog)
-        return list(plan_partitions(state.catalog, self.options, begin, stop, state.skipped))
+        return list(plan_partitions(state.catalog, self.options, begin, stop, state.skipped,
+                                    recheck=state.etcd_catalog))
 
     def commit(self, end: dict) -> None:
         self._driver().writer.commit(SourceOffset.from_json_dict(end).positions)

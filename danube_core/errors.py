@@ -55,6 +55,21 @@ class MetadataUnavailableError(MetadataError):
     retriable = True
 
 
+class MetadataCompactedError(MetadataError):
+    """A read or watch asked for a revision etcd has compacted away; re-read the current state.
+
+    `compacted_revision` is the oldest revision still available.
+    """
+
+    def __init__(self, message: str, compacted_revision: int) -> None:
+        super().__init__(message)
+        self.compacted_revision = compacted_revision
+
+
+class StaleCacheError(MetadataUnavailableError):
+    """A local metadata cache did not reach a revision before a deadline (watch behind or down)."""
+
+
 class ObjectStoreError(DanubeError):
     """A cloud object operation failed (network, throttling, permissions). Worth retrying."""
 

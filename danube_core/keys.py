@@ -46,6 +46,10 @@ class StorageKeys:
     def __init__(self, root_prefix: str = DEFAULT_ROOT_PREFIX) -> None:
         self.root_prefix = root_prefix
 
+    def topics_prefix(self) -> str:
+        """`<root>/storage/topics/`: the storage keys of every topic."""
+        return f"{self.root_prefix}/storage/topics/"
+
     def topic_prefix(self, t: TopicLike) -> str:
         """`<root>/storage/topics/ns/t/`: everything a reliable topic stores (deleted on topic delete)."""
         return f"{self.root_prefix}/storage/topics/{_topic(t).storage_path}/"

@@ -7,6 +7,12 @@ same semantics (sorted range reads, transactions, leases that expire, asynchrono
 for unit tests and the `memory` metadata backend. Watch callbacks run on one dispatcher thread
 per store, in event order, so a callback may call back into the store.
 
+Revisions are etcd's: every write gets the store's next revision (`put` returns it), a
+`range_at` read is one consistent snapshot and says which revision it reflects, and a watch may
+start at a revision so that "read at R, then watch from R + 1" misses nothing. A watch given
+`on_lost` reports a broken stream or a compacted start revision to its owner (who re-reads)
+instead of resuming on its own; `danube_core.local_cache.LocalCache` is built on that.
+
 Every etcd/gRPC failure is translated here: an unreachable etcd becomes
 `MetadataUnavailableError` (retriable; names the endpoints, the operation and the key), anything
 else `MetadataError` naming the key. Reads are retried through `danube_core.retry`.
@@ -18,7 +24,7 @@ import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from danube_core.errors import DanubeError, MetadataError
@@ -35,6 +41,17 @@ class WatchEvent:
     kind: Literal["put", "delete"]
     key: str
     value: bytes | None
+    # The store revision of the change (etcd's mod_revision); not part of equality, so an
+    # event compares by what changed.
+    revision: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    """The keys of a range read at one store revision (`revision`: the snapshot's revision)."""
+
+    kvs: KeyValues
+    revision: int
 
 
 WatchCallback = Callable[[WatchEvent], None]
@@ -67,6 +84,12 @@ class WatchHandle:
         return self._cancelled.wait(timeout_s)
 
 
+@dataclass(frozen=True)
+class _Lost:
+    on_lost: LostCallback
+    error: DanubeError
+
+
 class EventDispatcher:
     """Runs watch callbacks on one daemon thread, in the order events were submitted.
 
@@ -76,17 +99,24 @@ class EventDispatcher:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._queue: queue.SimpleQueue[tuple[WatchHandle, WatchEvent] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[WatchHandle, WatchEvent | _Lost] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def submit(self, handle: WatchHandle, events: list[WatchEvent]) -> None:
+        self._put([(handle, event) for event in events])
+
+    def submit_lost(self, handle: WatchHandle, on_lost: LostCallback, error: DanubeError) -> None:
+        """Call `on_lost(error)` after the events already submitted (unless cancelled by then)."""
+        self._put([(handle, _Lost(on_lost, error))])
+
+    def _put(self, items: list[tuple[WatchHandle, WatchEvent | _Lost]]) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            for event in events:
-                self._queue.put((handle, event))
+            for item in items:
+                self._queue.put(item)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -94,7 +124,10 @@ class EventDispatcher:
             if handle.cancelled:
                 continue
             try:
-                handle.callback(event)
+                if isinstance(event, _Lost):
+                    event.on_lost(event.error)
+                else:
+                    handle.callback(event)
             except Exception:  # a failing callback must not stop other watches' deliveries
                 logger.exception("watch callback for prefix %r failed on %s", handle.prefix, event)
 
@@ -178,7 +211,8 @@ class MetadataStore(ABC):
     def get(self, key: str) -> bytes | None: ...
 
     @abstractmethod
-    def put(self, key: str, value: bytes, lease: Lease | None = None) -> None: ...
+    def put(self, key: str, value: bytes, lease: Lease | None = None) -> int:
+        """Write `value`; returns the store revision of the write (for read-your-writes waits)."""
 
     @abstractmethod
     def delete(self, key: str) -> bool:
@@ -203,16 +237,54 @@ class MetadataStore(ABC):
     def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> bool:
         """Atomically create `key`; False (nothing written) if it already exists."""
 
-    @abstractmethod
     def compare_and_put(self, key: str, expected: bytes | None, value: bytes) -> bool:
         """Atomically write `value` if the key holds `expected` (None: the key must be absent)."""
+        return self.compare_and_put_revision(key, expected, value) is not None
+
+    @abstractmethod
+    def compare_and_put_revision(self, key: str, expected: bytes | None, value: bytes) -> int | None:
+        """`compare_and_put` returning the revision written, None if the comparison failed."""
+
+    @abstractmethod
+    def range_at(self, start_key: str, end_key: str, revision: int | None = None) -> RangeRead:
+        """Every key in [start_key, end_key) as of `revision` (None: now), with that revision.
+
+        One consistent snapshot however large (etcd reads it in pages pinned to one revision).
+        MetadataCompactedError if `revision` has been compacted.
+        """
+
+    @abstractmethod
+    def current_revision(self) -> int:
+        """The store's latest revision (one cheap request)."""
+
+    @abstractmethod
+    def compact(self, revision: int) -> None:
+        """Discard the history before `revision` (etcd's compaction; an operator's task)."""
 
     @abstractmethod
     def grant_lease(self, ttl_s: int) -> Lease: ...
 
     @abstractmethod
-    def watch_prefix(self, prefix: str, callback: WatchCallback) -> WatchHandle:
-        """Call `callback` for every put/delete under `prefix` from now on, asynchronously."""
+    def watch_prefix(
+        self, prefix: str, callback: WatchCallback, *, start_revision: int | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> WatchHandle:
+        """Call `callback` for every put/delete under `prefix`, asynchronously and in order.
+
+        From now on, or from `start_revision` (inclusive) when given: MetadataCompactedError if
+        that revision is compacted (raised here, or with `on_lost` possibly reported there). Without `on_lost` the watch outlives a broken stream by
+        resubscribing after its last event (logging events lost to compaction). With `on_lost`
+        it stops instead and `on_lost(error)` is called once, after the events it delivered:
+        MetadataCompactedError if the history it needed is gone, MetadataUnavailableError if the
+        stream broke. The owner then re-reads and watches again.
+        """
+
+    def sync_reads(self) -> None:
+        """Make later reads reflect every write committed anywhere before this call.
+
+        A store reads etcd itself, so there is nothing to do; a store reading a local cache
+        waits for the cache to catch up (for a negative answer that must not be stale).
+        """
 
     @abstractmethod
     def close(self) -> None: ...
@@ -228,6 +300,15 @@ def check_prefix(prefix: str) -> None:
     # An empty prefix would address the whole key space (and delete_prefix would wipe it).
     if not prefix:
         raise ValueError("metadata prefix must not be empty")
+
+
+def prefix_end(prefix: str) -> str:
+    """The smallest key above every key starting with `prefix` (etcd's range end for a prefix).
+
+    UTF-8 keeps code point order, so bumping the last character works in etcd's byte order too.
+    """
+    check_prefix(prefix)
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def check_limit(limit: int | None) -> None:

@@ -30,10 +30,12 @@ from pyetcd.exceptions import (
 from pyetcd.utils import prefix_range_end
 from pyetcd.watch import WatchResponse
 
-from danube_core.errors import ConfigError, DanubeError, MetadataError, MetadataUnavailableError
+from danube_core.errors import (
+    ConfigError, DanubeError, MetadataCompactedError, MetadataError, MetadataUnavailableError,
+)
 from danube_core.metadata import (
-    EventDispatcher, KeyValues, Lease, MetadataStore, WatchCallback, WatchEvent, WatchHandle,
-    check_limit, check_prefix, check_ttl, check_value,
+    EventDispatcher, KeyValues, Lease, LostCallback, MetadataStore, RangeRead, WatchCallback,
+    WatchEvent, WatchHandle, check_limit, check_prefix, check_ttl, check_value,
 )
 from danube_core.retry import RetryPolicy, call_with_retry
 
@@ -122,24 +124,34 @@ def _read_file(path: str | None, what: str) -> bytes | None:
 
 # etcd caps a response at 4 MiB by default (a topic's 100,000 descriptors are ~30 MB), so large
 # ranges are read in pages; later pages are pinned to the first page's revision, so the whole
-# read is one consistent snapshot.
+# read is one consistent snapshot. Pages ask for no sort order: etcd returns a range in key order
+# anyway, and any explicit sort makes it read every remaining key of the range before applying
+# the limit (each page of a 100,000-key range then cost ~7x more, the whole read O(n²)).
 PAGE_KEYS = 1000
 
 
 def _paged_range(client: Any, start: bytes, end: bytes, limit: int | None,
-                 keys_only: bool) -> KeyValues:
+                 keys_only: bool, revision: int | None = None) -> RangeRead:
     found: KeyValues = []
-    revision = None
     while limit is None or len(found) < limit:
         page = PAGE_KEYS if limit is None else min(PAGE_KEYS, limit - len(found))
-        response = client.get_range_response(start, end, sort_order="ascend", limit=page,
-                                             revision=revision, keys_only=keys_only)
-        revision = response.header.revision
+        response = client.get_range_response(start, end, limit=page, revision=revision,
+                                             keys_only=keys_only)
+        revision = revision or response.header.revision
         found.extend((kv.key.decode(), b"" if keys_only else kv.value) for kv in response.kvs)
         if not response.more or not response.kvs:
             break
         start = response.kvs[-1].key + b"\0"
-    return found
+    return RangeRead(found, revision)
+
+
+def _compacted_revision(exc: BaseException) -> int | None:
+    """The oldest available revision if `exc` is etcd's "required revision has been compacted"."""
+    if isinstance(exc, RevisionCompactedError):
+        return exc.compacted_revision
+    rpc = _grpc_error(exc)
+    details = rpc.details() if rpc is not None and hasattr(rpc, "details") else ""
+    return 0 if "compacted" in (details or "") else None
 
 
 class _EtcdLease(Lease):
@@ -169,23 +181,25 @@ class _EtcdWatch:
 
     It remembers the revision after the last event it passed on and resubscribes from there on
     the current endpoint, so events are neither lost nor repeated. Only if etcd has compacted
-    those revisions are events lost; that is logged as an error.
+    those revisions are events lost; that is logged as an error. With `on_lost` it does neither:
+    it stops and reports the loss to its owner, who re-reads.
     """
 
-    def __init__(self, store: "EtcdMetadataStore", handle: WatchHandle) -> None:
+    def __init__(self, store: "EtcdMetadataStore", handle: WatchHandle,
+                 on_lost: LostCallback | None = None) -> None:
         self._store = store
         self._handle = handle
         self._prefix = handle.prefix
+        self._on_lost = on_lost
         self._lock = threading.Lock()
         self._generation = 0  # bumped per (re)subscription; stale streams' callbacks are ignored
         self._next_revision = 0
         self._subscription: tuple[Any, int] | None = None  # (client, watch id)
 
-    def start(self) -> None:
-        header = self._store._read(
-            "watch", _key(self._prefix), lambda c: c.get_response(self._prefix, count_only=True).header
-        )
-        self._next_revision = header.revision + 1
+    def start(self, start_revision: int | None = None) -> None:
+        if start_revision is None:
+            start_revision = self._store.current_revision() + 1
+        self._next_revision = start_revision
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -202,6 +216,10 @@ class _EtcdWatch:
             try:
                 return client, add()
             except RevisionCompactedError as exc:
+                if self._on_lost is not None:
+                    raise MetadataCompactedError(
+                        f"watch on {self._prefix!r} from revision {self._next_revision}: compacted "
+                        f"(oldest available {exc.compacted_revision})", exc.compacted_revision) from exc
                 self._skip_compacted(exc.compacted_revision)
                 return client, add()
 
@@ -229,11 +247,14 @@ class _EtcdWatch:
             for raw in response.events:
                 self._next_revision = raw.mod_revision + 1
                 if isinstance(raw, PutEvent):
-                    events.append(WatchEvent("put", raw.key.decode(), raw.value))
+                    events.append(WatchEvent("put", raw.key.decode(), raw.value, raw.mod_revision))
                 else:
-                    events.append(WatchEvent("delete", raw.key.decode(), None))
+                    events.append(WatchEvent("delete", raw.key.decode(), None, raw.mod_revision))
             if events:
                 self._store._dispatcher.submit(self._handle, events)
+            return
+        if self._on_lost is not None:
+            self._report_lost(response)
             return
         if isinstance(response, RevisionCompactedError):
             self._skip_compacted(response.compacted_revision)
@@ -244,6 +265,26 @@ class _EtcdWatch:
         # Not on this thread: it is pyetcd's stream thread, which a new subscription would join.
         name = f"etcd-rewatch-{self._prefix}"
         threading.Thread(target=self._resubscribe, name=name, daemon=True).start()
+
+    def _report_lost(self, response: object) -> None:
+        """Stop and tell the owner, after the events already passed on (on_lost mode)."""
+        with self._lock:
+            self._generation += 1
+            subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            _cancel_quietly(*subscription)
+        self._store._forget_watch(self)
+        error: DanubeError
+        if isinstance(response, RevisionCompactedError):
+            error = MetadataCompactedError(
+                f"watch on {self._prefix!r}: revisions before {response.compacted_revision} were "
+                "compacted", response.compacted_revision)
+        else:
+            cause = _describe(response) if response is not None else "closed"
+            error = MetadataUnavailableError(f"watch on {self._prefix!r} lost its stream ({cause})")
+        logger.warning("%s; its owner re-reads", error)
+        assert self._on_lost is not None
+        self._store._dispatcher.submit_lost(self._handle, self._on_lost, error)
 
     def _resubscribe(self) -> None:
         delay_s = 0.1
@@ -425,9 +466,10 @@ class EtcdMetadataStore(MetadataStore):
     def get(self, key: str) -> bytes | None:
         return self._read("get", _key(key), lambda c: c.get(key)[0])
 
-    def put(self, key: str, value: bytes, lease: Lease | None = None) -> None:
+    def put(self, key: str, value: bytes, lease: Lease | None = None) -> int:
         check_value(key, value)
-        self._call("put", _key(key), lambda c: c.put(key, value, lease=_lease_id(lease)))
+        response = self._call("put", _key(key), lambda c: c.put(key, value, lease=_lease_id(lease)))
+        return response.header.revision
 
     def delete(self, key: str) -> bool:
         return self._call("delete", _key(key), lambda c: c.delete(key))
@@ -442,14 +484,34 @@ class EtcdMetadataStore(MetadataStore):
         start = prefix.encode()
         end = prefix_range_end(start)
         return self._read("get_prefix", _key(prefix),
-                          lambda client: _paged_range(client, start, end, None, keys_only))
+                          lambda client: _paged_range(client, start, end, None, keys_only)).kvs
 
     def get_range(self, start_key: str, end_key: str, limit: int | None = None) -> KeyValues:
         check_limit(limit)
 
         start, end = start_key.encode(), end_key.encode()
         return self._read("get_range", f"key range [{start_key!r}, {end_key!r})",
-                          lambda client: _paged_range(client, start, end, limit, False))
+                          lambda client: _paged_range(client, start, end, limit, False)).kvs
+
+    def range_at(self, start_key: str, end_key: str, revision: int | None = None) -> RangeRead:
+        start, end = start_key.encode(), end_key.encode()
+        target = f"key range [{start_key!r}, {end_key!r}) at revision {revision or 'now'}"
+        try:
+            return self._read("range_at", target,
+                              lambda client: _paged_range(client, start, end, None, False, revision))
+        except MetadataError as exc:
+            compacted = _compacted_revision(exc.__cause__) if exc.__cause__ is not None else None
+            if compacted is None:
+                raise
+            raise MetadataCompactedError(f"etcd range_at of {target}: compacted", compacted) from exc
+
+    def current_revision(self) -> int:
+        header = self._read("revision", "the key space",
+                            lambda c: c.get_response(b"\0", count_only=True).header)
+        return header.revision
+
+    def compact(self, revision: int) -> None:
+        self._call("compact", f"revision {revision}", lambda c: c.compact(revision, physical=True))
 
     def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> bool:
         check_value(key, value)
@@ -463,15 +525,15 @@ class EtcdMetadataStore(MetadataStore):
         # Not re-sent on failover: a lost reply would turn our own success into False.
         return self._call("put_if_absent", _key(key), txn, failover=False)
 
-    def compare_and_put(self, key: str, expected: bytes | None, value: bytes) -> bool:
+    def compare_and_put_revision(self, key: str, expected: bytes | None, value: bytes) -> int | None:
         check_value(key, value)
 
-        def txn(client: Any) -> bool:
+        def txn(client: Any) -> int | None:
             ops = client.transactions
             condition = ops.create(key) == 0 if expected is None else ops.value(key) == expected
             put = ops.put(key, value)
-            swapped, _ = client.transaction(compare=[condition], success=[put], failure=[])
-            return swapped
+            swapped, responses = client.transaction(compare=[condition], success=[put], failure=[])
+            return responses[0].response_put.header.revision if swapped else None
 
         return self._call("compare_and_put", _key(key), txn, failover=False)
 
@@ -482,14 +544,17 @@ class EtcdMetadataStore(MetadataStore):
         granted = self._call("grant_lease", target, lambda c: c.lease(ttl_s), failover=False)
         return _EtcdLease(self, granted.id, granted.ttl)  # etcd raises a TTL below its minimum
 
-    def watch_prefix(self, prefix: str, callback: WatchCallback) -> WatchHandle:
+    def watch_prefix(
+        self, prefix: str, callback: WatchCallback, *, start_revision: int | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> WatchHandle:
         check_prefix(prefix)
         handle = WatchHandle(prefix, callback, lambda: watch.cancel())
-        watch = _EtcdWatch(self, handle)
+        watch = _EtcdWatch(self, handle, on_lost)
         with self._lock:
             self._watches.add(watch)
         try:
-            watch.start()
+            watch.start(start_revision)
         except DanubeError:
             handle.cancel()
             raise

@@ -26,3 +26,35 @@ def eventually(check: Callable[[], T], deadline_s: float = 20.0, interval_s: flo
     if last_error is not None:
         raise last_error
     raise TimeoutError(f"condition not met within {deadline_s}s")
+
+
+class CountingStore:
+    """A metadata store proxy counting the requests that reach the store, per method name.
+
+    `reads` counts the requests a cache should spare: get, get_prefix, get_range, range_at.
+    """
+
+    READS = ("get", "get_prefix", "get_range", "range_at")
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+    @property
+    def reads(self) -> int:
+        return sum(self.calls.get(name, 0) for name in self.READS)
+
+    @property
+    def requests(self) -> int:
+        return sum(self.calls.values())

@@ -119,6 +119,31 @@ class MetadataStoreContract:
         assert store.compare_and_put(prefix + "missing", b"1", b"x") is False
         assert store.get(prefix + "missing") is None
 
+    def test_writes_return_their_revision_and_range_at_reads_at_one(self, store: MetadataStore, prefix: str):
+        first = store.put(prefix + "a", b"1")
+        second = store.put(prefix + "a", b"2")
+        assert second > first and store.current_revision() >= second
+        swapped = store.compare_and_put_revision(prefix + "a", b"2", b"3")
+        assert swapped is not None and swapped > second
+        assert store.compare_and_put_revision(prefix + "a", b"2", b"x") is None
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        assert store.range_at(prefix, end, first).kvs == [(prefix + "a", b"1")]
+        now = store.range_at(prefix, end)
+        assert now.kvs == [(prefix + "a", b"3")] and now.revision >= swapped
+
+    def test_watch_from_a_revision_replays_what_followed_it(self, store: MetadataStore, prefix: str):
+        first = store.put(prefix + "a", b"1")
+        store.put(prefix + "b", b"2")
+        store.delete(prefix + "a")
+        events: list[WatchEvent] = []
+        handle = store.watch_prefix(prefix, events.append, start_revision=first + 1, on_lost=lambda e: None)
+        last = store.put(prefix + "c", b"3")
+        eventually(lambda: len(events) == 3, deadline_s=10)
+        assert [(e.kind, e.key) for e in events] == [("put", prefix + "b"), ("delete", prefix + "a"),
+                                                      ("put", prefix + "c")]
+        assert events[-1].revision == last and events[0].revision > first
+        handle.cancel()
+
     def test_exact_u64_json_bytes_round_trip(self, store: MetadataStore, prefix: str):
         sealed = {
             "broker_id": U64_MAX, "last_committed_offset": 2**53 + 1, "sealed": True, "timestamp": 1700000100

@@ -1,0 +1,315 @@
+"""A per-process copy of some etcd prefixes, kept current by a watch (Danube's LocalCache).
+
+Danube brokers write to etcd and read from a local cache that an etcd watch keeps current
+(seeds 000/001: Put/Delete go to the MetadataStore, Get is served from the LocalCache).
+`LocalCache` is that cache for the broker, the connector's driver and anything else that reads
+the same keys many times:
+
+* It loads its prefixes with range reads pinned to one revision R, then watches from R + 1, so
+  no change is missed or applied twice. Reads (`get`, `get_range`, `get_prefix`, the read half
+  of `MetadataStore`, same signatures and semantics) are served from memory and never touch
+  etcd; reading a key outside the cache's prefixes is a programming error (ValueError).
+* One watch covers all prefixes (on their longest common prefix), so events arrive in revision
+  order and `revision` is the store revision the whole cache reflects.
+* When the watch is lost (stream broken, etcd restarted, or the history it needs compacted) the
+  cache keeps serving what it has, and a background thread re-lists and watches again, with
+  capped exponential backoff. Subscribers see the differences the re-list found as events.
+* Read-your-writes: a writer passes the revision its write returned (`MetadataStore.put`,
+  `compare_and_put_revision`) to `wait_for_revision`, which returns once the cache has applied
+  it, or raises StaleCacheError at the deadline.
+
+Subscriber callbacks run after the change is applied, on the store's watch dispatcher thread
+(or on the re-list thread), in revision order; they must not block for long.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+import os
+import threading
+import time
+from typing import Callable
+
+from danube_core.errors import DanubeError, MetadataCompactedError, StaleCacheError
+from danube_core.metadata import (
+    KeyValues, MetadataStore, WatchCallback, WatchEvent, WatchHandle, check_limit, prefix_end,
+)
+
+logger = logging.getLogger(__name__)
+
+INITIAL_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 5.0
+
+
+class Subscription:
+    """A subscriber to changes under one prefix of a cache; `cancel()` stops the calls."""
+
+    def __init__(self, prefix: str, callback: WatchCallback, on_cancel: Callable[["Subscription"], None]) -> None:
+        self.prefix = prefix
+        self.callback = callback
+        self._on_cancel = on_cancel
+
+    def cancel(self) -> None:
+        self._on_cancel(self)
+
+
+class LocalCache:
+    """The keys under `prefixes`, loaded once and kept current by a watch; see the module docstring.
+
+    `start()` loads and watches (raising if etcd cannot be read); `close()` stops the watch.
+    Counters for tests and benchmarks: `loads` (full listings) and `events` (changes applied).
+    """
+
+    def __init__(self, store: MetadataStore, prefixes: list[str], *, name: str = "metadata-cache",
+                 max_backoff_s: float = MAX_BACKOFF_S) -> None:
+        if not prefixes:
+            raise ValueError("a LocalCache needs at least one key prefix")
+        ordered = sorted(set(prefixes))
+        # A prefix inside another one is already covered (and would be listed twice).
+        self.prefixes = [p for p in ordered if not any(p != q and p.startswith(q) for q in ordered)]
+        self._watch_prefix = os.path.commonprefix(self.prefixes)
+        if not self._watch_prefix:
+            raise ValueError(f"cache prefixes {prefixes!r} share no common prefix to watch")
+        self._store = store
+        self._name = name
+        self._max_backoff_s = max_backoff_s
+        self._cond = threading.Condition(threading.RLock())
+        self._values: dict[str, bytes] = {}
+        self._keys: list[str] = []  # sorted: range reads bisect it
+        self._revision = 0
+        self._generation = 0  # bumped per (re)load; events of older watches are ignored
+        self._handle: WatchHandle | None = None
+        self._subscribers: list[Subscription] = []
+        self._recovering = False
+        self._synced = False
+        self._closed = False
+        self.loads = 0
+        self.events = 0
+
+    def __repr__(self) -> str:
+        return f"LocalCache({self._name}, {self.prefixes}, revision {self._revision})"
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> "LocalCache":
+        """Load the prefixes and start watching; MetadataError if etcd cannot be read."""
+        while True:
+            try:
+                self._sync()
+                return self
+            except MetadataCompactedError:  # compacted between our read and our watch: again
+                continue
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            handle, self._handle = self._handle, None
+            self._synced = False
+            self._cond.notify_all()
+        if handle is not None:
+            handle.cancel()
+
+    def __enter__(self) -> "LocalCache":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def revision(self) -> int:
+        """The store revision the cache reflects: every change up to it is applied."""
+        with self._cond:
+            return self._revision
+
+    @property
+    def synced(self) -> bool:
+        """True while the watch is live; False while the cache recovers (reads may be stale)."""
+        with self._cond:
+            return self._synced
+
+    # ---- reads (the read half of MetadataStore) ---------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        self._check_key(key)
+        with self._cond:
+            return self._values.get(key)
+
+    def get_range(self, start_key: str, end_key: str, limit: int | None = None) -> KeyValues:
+        """Keys in [start_key, end_key), sorted, at most `limit` of them."""
+        check_limit(limit)
+        self._check_range(start_key, end_key)
+        with self._cond:
+            lo = bisect.bisect_left(self._keys, start_key)
+            hi = bisect.bisect_left(self._keys, end_key, lo)
+            if limit is not None:
+                hi = min(hi, lo + limit)
+            return [(k, self._values[k]) for k in self._keys[lo:hi]]
+
+    def get_prefix(self, prefix: str, keys_only: bool = False) -> KeyValues:
+        """All keys starting with `prefix`, sorted; values are b"" when `keys_only`."""
+        rows = self.get_range(prefix, prefix_end(prefix))
+        return [(k, b"") for k, _ in rows] if keys_only else rows
+
+    def _check_key(self, key: str) -> None:
+        if not any(key.startswith(p) for p in self.prefixes):
+            raise ValueError(f"key {key!r} is outside the {self._name} cache's prefixes {self.prefixes}")
+
+    def _check_range(self, start_key: str, end_key: str) -> None:
+        if not any(start_key.startswith(p) and end_key <= prefix_end(p) for p in self.prefixes):
+            raise ValueError(f"key range [{start_key!r}, {end_key!r}) is outside the {self._name} "
+                             f"cache's prefixes {self.prefixes}")
+
+    # ---- read-your-writes and subscribers ---------------------------------------------------
+
+    def wait_for_revision(self, revision: int, timeout_s: float) -> None:
+        """Return once the cache reflects `revision` (a write's, under the watched prefix).
+
+        StaleCacheError if it has not within `timeout_s` (watch behind, or etcd unreachable).
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._revision < revision:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    state = "closed" if self._closed else ("synced" if self._synced else "recovering")
+                    raise StaleCacheError(
+                        f"{self._name} cache is at revision {self._revision} ({state}), not at "
+                        f"{revision}, after {timeout_s}s")
+                self._cond.wait(left)
+
+    def subscribe(self, prefix: str, callback: WatchCallback) -> Subscription:
+        """Call `callback(event)` after each change under `prefix` is applied to the cache."""
+        self._check_key(prefix)
+        subscription = Subscription(prefix, callback, self._unsubscribe)
+        with self._cond:
+            self._subscribers.append(subscription)
+        return subscription
+
+    def _unsubscribe(self, subscription: Subscription) -> None:
+        with self._cond:
+            if subscription in self._subscribers:
+                self._subscribers.remove(subscription)
+
+    def _notify(self, events: list[WatchEvent]) -> None:
+        with self._cond:
+            subscribers = list(self._subscribers)
+        for event in events:
+            for sub in subscribers:
+                if event.key.startswith(sub.prefix):
+                    try:
+                        sub.callback(event)
+                    except Exception:  # one subscriber must not starve the others
+                        logger.exception("%s subscriber for %r failed on %s", self._name, sub.prefix, event)
+
+    # ---- loading and watching ---------------------------------------------------------------
+
+    def _sync(self) -> None:
+        """List every prefix at one revision, swap the data in, and watch from the next one."""
+        rows: KeyValues = []
+        revision: int | None = None
+        for prefix in self.prefixes:
+            read = self._store.range_at(prefix, prefix_end(prefix), revision)
+            revision = read.revision
+            rows.extend(read.kvs)
+        assert revision is not None
+        values = dict(rows)
+        with self._cond:
+            if self._closed:
+                return
+            self._generation += 1
+            generation = self._generation
+            old_handle, self._handle = self._handle, None
+            changes = _differences(self._values, values, revision) if self.loads else []
+            self._values, self._keys = values, sorted(values)
+            self._revision = revision  # below the old one only if etcd lost its data
+            self.loads += 1
+            self._cond.notify_all()
+        if old_handle is not None:
+            old_handle.cancel()
+        self._notify(changes)
+        handle = self._store.watch_prefix(
+            self._watch_prefix, functools.partial(self._on_event, generation),
+            start_revision=revision + 1, on_lost=functools.partial(self._on_lost, generation),
+        )
+        with self._cond:
+            if self._closed or generation != self._generation:
+                stale = handle
+            else:
+                self._handle, self._synced, stale = handle, True, None
+        if stale is not None:
+            stale.cancel()
+        logger.info("%s cache loaded %d keys at revision %d", self._name, len(values), revision)
+
+    def _on_event(self, generation: int, event: WatchEvent) -> None:
+        covered = any(event.key.startswith(p) for p in self.prefixes)
+        with self._cond:
+            if generation != self._generation or self._closed:
+                return
+            if covered:
+                self._apply(event)
+            self._revision = max(self._revision, event.revision)
+            self._cond.notify_all()
+        if covered:
+            self._notify([event])
+
+    def _apply(self, event: WatchEvent) -> None:
+        """Under the lock: one put or delete into the dict and the sorted key list."""
+        self.events += 1
+        key = event.key
+        if event.kind == "put":
+            assert event.value is not None
+            if key not in self._values:
+                bisect.insort(self._keys, key)
+            self._values[key] = event.value
+        elif self._values.pop(key, None) is not None:
+            del self._keys[bisect.bisect_left(self._keys, key)]
+
+    def _on_lost(self, generation: int, error: DanubeError) -> None:
+        with self._cond:
+            if generation != self._generation or self._closed:
+                return
+            self._synced = False
+            if self._recovering:
+                return  # the running re-list sees `synced` False and lists again
+            self._recovering = True
+        logger.warning("%s cache lost its watch at revision %d (%s); re-listing", self._name,
+                       self._revision, error)
+        threading.Thread(target=self._recover, name=f"{self._name}-relist", daemon=True).start()
+
+    def _recover(self) -> None:
+        """Re-list and watch again until it works or the cache is closed, backing off."""
+        delay_s = INITIAL_BACKOFF_S
+        try:
+            while not self._closed:
+                try:
+                    self._sync()
+                except MetadataCompactedError:
+                    continue  # compacted between the read and the watch: re-list at once
+                except DanubeError as exc:
+                    logger.warning("%s cache re-list failed, next try in %.1fs: %s", self._name, delay_s, exc)
+                else:
+                    with self._cond:
+                        if self._synced:  # not lost again meanwhile (a loss then is ours to handle)
+                            self._recovering = False
+                            return
+                    continue
+                with self._cond:
+                    self._cond.wait_for(lambda: self._closed, delay_s)
+                delay_s = min(delay_s * 2, self._max_backoff_s)
+        finally:
+            with self._cond:
+                self._recovering = False
+
+
+def _differences(old: dict[str, bytes], new: dict[str, bytes], revision: int) -> list[WatchEvent]:
+    """The events that turn `old` into `new`, in key order (what a re-list found changed)."""
+    events = []
+    for key in sorted(old.keys() | new.keys()):
+        before, after = old.get(key), new.get(key)
+        if after is None:
+            events.append(WatchEvent("delete", key, None, revision))
+        elif before != after:
+            events.append(WatchEvent("put", key, after, revision))
+    return events
