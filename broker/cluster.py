@@ -2,7 +2,9 @@
 
 * Registration: `/cluster/register/{id}` under a lease (TTL `register_ttl_seconds`, Danube: 32 s)
   refreshed every third of the TTL. The value carries the extension field `wal_url`. If the
-  lease is lost (etcd unreachable longer than the TTL) the broker registers again.
+  lease is lost (etcd unreachable longer than the TTL) the broker registers again. A broker
+  restarted on its own data resumes the previous process's lease when it is still alive
+  (`broker.identity`), so its assignments stay and its topics load at once.
 * State: `/cluster/brokers/{id}/state` = `{"mode":"active","reason":"boot"}` at start, plus
   `wal_url`: unlike the registration it outlives the broker, so whoever takes over a dead
   broker's topics can still read the WAL tail it acknowledged but did not upload.
@@ -68,8 +70,13 @@ class ClusterMembership:
         registration: BrokerRegistration,
         cluster_name: str,
         coordination: CoordinationConfig,
+        *,
+        resumed_lease: Lease | None = None,
+        on_registered: Callable[[int], None] | None = None,
     ) -> None:
         self._metadata = metadata
+        self._resumed_lease = resumed_lease
+        self._on_registered = on_registered
         self.broker_id = broker_id
         self._registration = registration
         self._cluster_name = cluster_name
@@ -127,10 +134,13 @@ class ClusterMembership:
 
     def _register(self) -> None:
         ttl = self._coordination.register_ttl_seconds
-        lease = self._metadata.grant_lease(ttl)
+        lease, self._resumed_lease = self._resumed_lease, None
+        lease = lease or self._metadata.grant_lease(ttl)
         self._metadata.put(register_key(self.broker_id), self._registration.to_json(), lease=lease)
         self._lease = lease
         self._keep_alive = lease.keep_alive(ttl / 3.0, on_lost=self._on_lease_lost)
+        if self._on_registered is not None:
+            self._on_registered(lease.id)
 
     def _on_lease_lost(self, error: DanubeError) -> None:
         if self._stop.is_set():

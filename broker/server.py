@@ -26,7 +26,7 @@ from danube_core.cached_store import CachedMetadataStore
 from danube_core.errors import ConfigError
 from danube_core.keys import CLUSTER_PREFIX, NAMESPACES_PREFIX, TOPICS_PREFIX, topic_root_key
 from danube_core.local_cache import LocalCache
-from danube_core.metadata import EtcdMetadataStore, MetadataStore
+from danube_core.metadata import EtcdMetadataStore, Lease, MetadataStore
 from danube_core.records import BrokerRegistration, dump_u64
 from danube_core.topics import TopicName
 
@@ -34,6 +34,7 @@ from broker.cluster import ClusterMembership
 from broker.config import BrokerConfig
 from broker.embedded_etcd import EmbeddedEtcd
 from broker.grpc_services import add_services
+from broker.identity import BrokerIdentity, DataDirLock, read_identity, resume_identity, write_identity
 from broker.leader import LeaderElection, TopicAssigner
 from broker.schema_service import add_schema_registry
 from broker.namespaces import Namespaces
@@ -124,6 +125,8 @@ class BrokerServer:
         self.service: BrokerService | None = None
         self._etcd: EmbeddedEtcd | None = None
         self._wal_http: WalHttpServer | None = None
+        self._dir_lock: DataDirLock | None = None
+        self._resumed_lease: Lease | None = None
         self._grpc: grpc.aio.Server | None = None
         self._engine: StorageEngine | None = None
         self._membership: ClusterMembership | None = None
@@ -134,7 +137,9 @@ class BrokerServer:
 
     async def start(self) -> None:
         cfg = self.config
+        self._dir_lock = DataDirLock(cfg.wal.dir)
         self.metadata = await asyncio.to_thread(self._connect_metadata)
+        await asyncio.to_thread(self._resume_identity)
         await asyncio.to_thread(self._bootstrap_metadata)
         cache = await asyncio.to_thread(
             LocalCache(self.metadata, LOOKUP_PREFIXES, name=f"broker-{self.broker_id}").start)
@@ -178,8 +183,10 @@ class BrokerServer:
             prom_exporter=f"{cfg.listener.host}:{cfg.listener.prometheus_port}" if cfg.listener.prometheus_port else None,
             wal_url=self._wal_url(),
         )
-        self._membership = ClusterMembership(self.lookups, self.broker_id, registration, cfg.cluster_name,
-                                             cfg.coordination)
+        self._membership = ClusterMembership(
+            self.lookups, self.broker_id, registration, cfg.cluster_name, cfg.coordination,
+            resumed_lease=self._resumed_lease,
+            on_registered=lambda lease_id: write_identity(cfg.wal.dir, BrokerIdentity(self.broker_id, lease_id)))
         self._membership.join(self.service)
         self._assigner = TopicAssigner(self.lookups, self._engine.keys)
         coordination = cfg.coordination
@@ -187,6 +194,16 @@ class BrokerServer:
                                         coordination.leader_check_interval_seconds,
                                         on_elected=self._assigner.start, on_deposed=self._assigner.stop)
         self._election.start()
+
+    def _resume_identity(self) -> None:
+        """Take the previous process's id and registration back if its lease still lives
+        (`broker.identity`); the WAL root is locked, so that process is gone."""
+        previous = read_identity(self.config.wal.dir)
+        self._resumed_lease = resume_identity(self.metadata, previous, self.config.coordination.register_ttl_seconds)
+        if self._resumed_lease is not None and previous is not None:
+            self.broker_id = previous.broker_id
+            logger.info("restarting as broker %d on its own data (%s): its registration is still alive, "
+                        "so its topics were not moved and load now", self.broker_id, self.config.wal.dir)
 
     def _wal_url(self) -> str:
         """Where readers find this broker's WAL: served over HTTP if configured, else its path."""
@@ -232,3 +249,5 @@ class BrokerServer:
             self._wal_http.stop()
         if self._etcd is not None:
             self._etcd.stop()
+        if self._dir_lock is not None:
+            self._dir_lock.release()

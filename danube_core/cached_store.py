@@ -139,6 +139,9 @@ class CachedMetadataStore(MetadataStore):
     def grant_lease(self, ttl_s: int) -> Lease:
         return self.store.grant_lease(ttl_s)
 
+    def resume_lease(self, lease_id: int, ttl_s: int) -> Lease:
+        return self.store.resume_lease(lease_id, ttl_s)
+
     def watch_prefix(
         self, prefix: str, callback: WatchCallback, *, start_revision: int | None = None,
         on_lost: LostCallback | None = None,

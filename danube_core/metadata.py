@@ -264,6 +264,19 @@ class MetadataStore(ABC):
     @abstractmethod
     def grant_lease(self, ttl_s: int) -> Lease: ...
 
+    def resume_lease(self, lease_id: int, ttl_s: int) -> Lease:
+        """A lease granted earlier (by this process or a previous one), refreshed now.
+
+        MetadataError if it has expired: its keys are gone and whoever relied on them may have
+        acted (a broker restarting on its own data uses this to keep its registration).
+        """
+        lease = self._lease_handle(lease_id, ttl_s)
+        lease.refresh()
+        return lease
+
+    def _lease_handle(self, lease_id: int, ttl_s: int) -> Lease:
+        raise NotImplementedError(f"{type(self).__name__} cannot resume lease {lease_id:x}")
+
     @abstractmethod
     def watch_prefix(
         self, prefix: str, callback: WatchCallback, *, start_revision: int | None = None,

@@ -544,6 +544,9 @@ class EtcdMetadataStore(MetadataStore):
         granted = self._call("grant_lease", target, lambda c: c.lease(ttl_s), failover=False)
         return _EtcdLease(self, granted.id, granted.ttl)  # etcd raises a TTL below its minimum
 
+    def _lease_handle(self, lease_id: int, ttl_s: int) -> Lease:
+        return _EtcdLease(self, lease_id, ttl_s)
+
     def watch_prefix(
         self, prefix: str, callback: WatchCallback, *, start_revision: int | None = None,
         on_lost: LostCallback | None = None,

@@ -249,6 +249,9 @@ class MemoryMetadataStore(MetadataStore):
             self._cond.notify_all()
             return _MemoryLease(self, lease_id, ttl_s)
 
+    def _lease_handle(self, lease_id: int, ttl_s: int) -> Lease:
+        return _MemoryLease(self, lease_id, ttl_s)
+
     def _reap(self) -> None:
         """Expire leases at their deadlines even when nobody calls the store (watchers rely on it)."""
         with self._cond:

@@ -260,3 +260,53 @@ def test_kill_9_before_upload_survivor_recovers_acked_messages_from_dead_brokers
         for proc in (survivor, doomed):
             if proc is not None:
                 proc.stop()
+
+
+def test_restart_on_its_own_data_takes_its_topics_back_before_the_lease_expires(etcd_endpoint, metadata, tmp_path,
+                                                                                unique_name):
+    """kill -9, then the same broker restarted on its own WAL root: it resumes its still-live
+    registration lease (same id), so the leader never moved its topic, and it accepts sends
+    again long before the 30 s registration TTL would have let any failover happen."""
+    cloud = str(tmp_path / "cloud")
+    coordination = {"register_ttl_seconds": 30, "leader_ttl_seconds": 2, "leader_check_interval_seconds": 0.2,
+                    "lookup_wait_seconds": 10}
+    first = BrokerProcess(etcd_endpoint, tmp_path, "a", cloud, coordination=coordination).start()
+    topic = f"/default/{unique_name('restart')}"
+    owners_seen: set[int] = set()
+
+    async def send(url: str, payloads: list[bytes]) -> float:
+        """When (monotonic) the first send was acknowledged; every payload is acknowledged."""
+        client = await DanubeClientBuilder().service_url(url).build()
+        producer = (client.new_producer().with_topic(topic).with_name(f"p-{len(owners_seen)}")
+                    .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+                    .with_options(ProducerOptions(max_retries=20, base_backoff_ms=100)).build())
+        await producer.create()
+        first_ack = None
+        for payload in payloads:
+            await producer.send(payload, None)
+            first_ack = first_ack or time.monotonic()
+        await producer.close()
+        return first_ack
+
+    second = None
+    try:
+        asyncio.run(send(first.url, [f"a-{i}".encode() for i in range(20)]))
+        owners_seen.add(first.broker_id)
+        first.kill()
+        restarted_at = time.monotonic()
+        second = BrokerProcess(etcd_endpoint, tmp_path, "a", cloud, port=first.port, coordination=coordination)
+        second.start()
+        assert second.broker_id == first.broker_id
+        recovery_s = asyncio.run(send(second.url, [f"b-{i}".encode() for i in range(20)])) - restarted_at
+        print(f"restart -> first acknowledged send: {recovery_s:.2f} s")
+        assert recovery_s < 15, f"first acknowledged send {recovery_s:.1f}s after the restart"
+        assignments = [key for key, _ in metadata.get_prefix("/cluster/brokers/", keys_only=True)
+                       if key.endswith(topic)]
+        assert assignments == [f"/cluster/brokers/{first.broker_id}{topic}"]  # never moved
+        payloads = [payload for _, payload in _wal_offsets(second.wal_dir)]
+        offsets = [offset for offset, _ in _wal_offsets(second.wal_dir)]
+        assert sorted(offsets) == list(range(40)) and len(set(payloads)) == 40
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
