@@ -60,12 +60,22 @@ class ListenerConfig:
 
 @dataclass(frozen=True)
 class MetaStoreConfig:
-    """The etcd server; `embedded` starts a local one on this port if nothing listens there."""
+    """The etcd server; `embedded` starts a local one on this port if nothing listens there.
+
+    Our extension for secured clusters: `user`/`password` (etcd authentication) and
+    `ca_cert` (TLS) with optional `cert_key`/`cert_cert` (client certificate). Put the password
+    in the environment (`DANUBE_META_STORE__PASSWORD`), not the file; it is never logged.
+    """
 
     host: str
     port: int
     embedded: bool
     data_dir: str
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_cert: str | None = None
+    cert_key: str | None = None
+    cert_cert: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -301,12 +311,23 @@ def _with_scheme(url: str) -> str:
 
 
 def _meta_store(section: _Reader) -> MetaStoreConfig:
-    section.only({"host", "port", "embedded", "data_dir"})
+    section.only({"host", "port", "embedded", "data_dir", "user", "password", "ca_cert", "cert_key", "cert_cert"})
+    optional = {name: section.value(name, None, lambda v: isinstance(v, str) and v != "", "a non-empty string")
+                for name in ("user", "ca_cert", "cert_key", "cert_cert")}
+    password = section.raw.get("password")
+    if password is not None and not (isinstance(password, str) and password):
+        raise section.error(section.key("password"), "<hidden>", "a non-empty string")
+    if (optional["user"] is None) != (password is None):
+        raise section.error(section.key("user"), optional["user"], "given together with meta_store.password")
+    if (optional["cert_key"] is None) != (optional["cert_cert"] is None):
+        raise section.error(section.key("cert_key"), optional["cert_key"], "given together with meta_store.cert_cert")
     return MetaStoreConfig(
         host=section.text("host", "127.0.0.1"),
         port=section.integer("port", 2379, 1, 65535),
         embedded=section.flag("embedded", False),
         data_dir=section.text("data_dir", "./danube-data/etcd"),
+        password=password,
+        **optional,
     )
 
 

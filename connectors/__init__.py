@@ -21,7 +21,8 @@ def register(spark: Any, *, etcd_options: Mapping[str, str] | None = None) -> An
 
     `etcd_options` (`etcd.user`, `etcd.password`, `etcd.caCert`, ...) are the credentials the
     listener uses for the etcd endpoints named in the streams' offsets. Calling it again on the
-    same session registers nothing twice. Returns the listener.
+    same session registers nothing twice; credentials given then are added to the listener's.
+    Returns the listener.
     """
     from connectors.cursor_commit import DanubeCursorCommitter
 
@@ -31,4 +32,6 @@ def register(spark: Any, *, etcd_options: Mapping[str, str] | None = None) -> An
         committer = DanubeCursorCommitter(etcd_options)
         spark.streams.addListener(committer)
         _COMMITTERS[id(spark)] = committer
+    elif etcd_options:
+        committer.add_credentials(etcd_options)
     return committer

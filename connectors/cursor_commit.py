@@ -219,6 +219,13 @@ class DanubeCursorCommitter(StreamingQueryListener):
         # Spark Connect pickles listeners to the server: open connections stay behind.
         return {"etcd_options": self.etcd_options, "_writers": {}}
 
+    def add_credentials(self, etcd_options: Mapping[str, str]) -> None:
+        """Use these `etcd.*` options from now on (connections made with the old ones close)."""
+        self.etcd_options.update(etcd_options)
+        writers, self._writers = self._writers, {}
+        for writer in writers.values():
+            writer.metadata.close()
+
     def onQueryStarted(self, event: Any) -> None:
         """Nothing to do until a batch has been written."""
 

@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 
+import connectors
 from connectors import options as opt
 from danube_core.errors import ConfigError
 from danube_core.metadata import MetadataStore
@@ -82,6 +83,9 @@ class PipelineRunner:
         # The session comes first: great-expectations' Spark datasource would otherwise create
         # a plain one (without the Delta and Avro packages) that every later getOrCreate reuses.
         self.spark = spark or _session(config)
+        credentials = {k: v for k, v in self.options.items() if k.lower().startswith("etcd.") and k != opt.ETCD_ENDPOINTS}
+        if credentials:  # the cursor-committing listener needs the source's etcd credentials/TLS
+            connectors.register(self.spark, etcd_options=credentials)
         self.gate = QualityGate(config.expectations) if config.expectations is not None else None
         self.metadata: MetadataStore = parsed.etcd.connect()
         schemas = SubjectSchemas(self.metadata, config.decode.subject) if config.decode.subject else None

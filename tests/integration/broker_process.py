@@ -60,8 +60,10 @@ class BrokerProcess:
     """
 
     def __init__(self, etcd_endpoint: str, workdir: Path, name: str, cloud_root: str, port: int | None = None,
-                 **overrides: dict) -> None:
+                 etcd_client: dict | None = None, env: dict | None = None, **overrides: dict) -> None:
         self.etcd_endpoint = etcd_endpoint
+        self.etcd_client = etcd_client or {}  # EtcdMetadataStore options (credentials, TLS) for checks
+        self.env = env or {}  # extra environment, e.g. DANUBE_META_STORE__PASSWORD
         self.workdir = workdir / name
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
@@ -75,7 +77,7 @@ class BrokerProcess:
         self.broker_id: int | None = None
 
     def start(self, deadline_s: float = 30.0) -> "BrokerProcess":
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}
         self._log = open(self.workdir / "broker.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "broker", "--config", str(self.config_path)],
@@ -86,7 +88,7 @@ class BrokerProcess:
 
     def _registered_id(self) -> int | None:
         assert self.process.poll() is None, f"broker {self.name} exited: {self.log_tail()}"
-        with EtcdMetadataStore(self.etcd_endpoint) as store:
+        with EtcdMetadataStore(self.etcd_endpoint, **self.etcd_client) as store:
             for key, raw in store.get_prefix(REGISTER_PREFIX):
                 if json.loads(raw)["broker_url"] == self.url:
                     return int(key[len(REGISTER_PREFIX):])
