@@ -50,6 +50,9 @@ def test_environment_overrides_nested_keys_as_yaml_values():
         ({"policies": {"max_message_size": -1}}, "policies.max_message_size", "an integer in 0..4294967295"),
         ({"wal_cloud": {"cloud": {"backend": "ftp"}}}, "wal_cloud.cloud.backend", "one of fs, s3, memory"),
         ({"bootstrap_namespaces": ["bad name"]}, "bootstrap_namespaces", "namespace names"),
+        ({"meta_store": {"user": "root"}}, "meta_store.user", "together with meta_store.password"),
+        ({"meta_store": {"cert_key": "/k.pem"}}, "meta_store.cert_key", "together with meta_store.cert_cert"),
+        ({"meta_store": {"user": "root", "password": 12345}}, "meta_store.password", "a non-empty string"),
     ],
 )
 def test_bad_values_name_file_key_and_expectation(raw, key, expected):
@@ -74,3 +77,13 @@ def test_danube_s3_options_become_s3fs_options():
 def test_unreadable_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="missing.yaml"):
         load_config(str(tmp_path / "missing.yaml"), environ={})
+
+
+def test_etcd_password_from_the_environment_never_shows_in_the_config():
+    config = load_config(str(SHIPPED), environ={"DANUBE_META_STORE__USER": "root",
+                                                "DANUBE_META_STORE__PASSWORD": "pw-not-in-repr"})
+    assert (config.meta_store.user, config.meta_store.password) == ("root", "pw-not-in-repr")
+    assert "pw-not-in-repr" not in repr(config)
+    with pytest.raises(ConfigError) as info:
+        parse_config({"meta_store": {"user": "root", "password": 12345}}, "my.yaml")
+    assert "12345" not in str(info.value)
