@@ -1,0 +1,164 @@
+"""The leader's placement loop: keeps every live epoch placed and every connected worker in sync.
+
+Level-triggered: each pass reads the leader's `ClusterState`, computes the next placement
+(`placement.next_placement`), persists changed records, then tells each connected worker what
+to load or drop. Woken by any change (worker joined or lost, drain, admission, config) and by
+the end of a lost worker's grace period (`reassign_delay_s`), so a quick restart keeps its
+epochs and causes no reload storm.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from typing import Callable
+
+from danube_core.errors import DanubeError
+
+from speedlayer.master.placement import EpochPlacement, next_placement
+from speedlayer.master.state import ClusterState, ConfigView
+from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
+from speedlayer.observability.audit import AuditEvent, AuditLogger
+from speedlayer.observability.metrics import WORKERS_REGISTERED
+from speedlayer.records import ASSIGNED, PLANNED, R_FAILED, AssignmentRecord, Replica
+from speedlayer.transport.streams import StreamRegistry, WorkerSession
+
+logger = logging.getLogger(__name__)
+
+IDLE_CHECK_S = 1.0
+
+
+def candidates_of(records: list[AssignmentRecord], sessions: list[WorkerSession],
+                  draining: set[tuple[str, str]]) -> list[Candidate]:
+    """Connected workers as placement candidates, with what records already put on them."""
+    assigned: dict[tuple[str, str], tuple[int, int]] = {}
+    for record in records:
+        if record.live:
+            for worker in record.replicas:
+                size, count = assigned.get((record.tenant, worker), (0, 0))
+                assigned[(record.tenant, worker)] = (size + record.estimated_memory_bytes, count + 1)
+    return [Candidate(worker_id=s.worker_id, tenant=s.tenant, memory_bytes=s.capacity.memory_bytes,
+                      assigned_bytes=assigned.get(s.key, (0, 0))[0], epoch_count=assigned.get(s.key, (0, 0))[1],
+                      draining=s.key in draining)
+            for s in sessions if not s.closed]
+
+
+class Reconciler:
+    def __init__(self, state: ClusterState, registry: StreamRegistry, config: ConfigView,
+                 strategy: Callable[[], AssignmentStrategy], audit: AuditLogger, master_id: str) -> None:
+        self._state, self._registry, self._config = state, registry, config
+        self._strategy, self._audit, self._master_id = strategy, audit, master_id
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            timeout = IDLE_CHECK_S
+            try:
+                timeout = self.run_once()
+            except DanubeError as exc:
+                logger.warning("reconciliation pass failed, retrying: %s", exc)
+            except Exception:
+                logger.exception("reconciliation pass failed")
+            self._wake.wait(timeout)
+
+    def run_once(self) -> float:
+        """One pass; returns how long to wait before the next unless woken."""
+        records, workers, lost_since, draining = self._state.snapshot()
+        sessions = self._registry.all()
+        connected = {s.key for s in sessions if not s.closed}
+        delay = self._config.global_config.reassign_delay_s
+        now = time.monotonic()
+        in_grace = {k for k, since in lost_since.items() if now - since < delay and k not in connected}
+        # Workers still registered (e.g. kept alive by the previous leader) but not connected here.
+        keep = in_grace | {k for k in workers if k not in connected and k not in draining}
+        self._update_gauges(sessions)
+        candidates = candidates_of(records, sessions, draining)
+        epochs = [EpochPlacement(PlanSummary(r.tenant, r.dataset, r.epoch, r.estimated_memory_bytes),
+                                 r.replication, tuple(r.replicas))
+                  for r in records if r.status in (PLANNED, ASSIGNED)]
+        by_key = {f"{r.tenant}/{r.dataset}/{r.epoch}": r for r in records}
+        for key, workers_next in next_placement(epochs, candidates, keep, self._strategy()).items():
+            self._move(by_key[key], workers_next)
+        for session in self._registry.all():
+            self.sync(session)
+        waits = [since + delay - now for k, since in lost_since.items() if k in in_grace]
+        return max(0.05, min([IDLE_CHECK_S, *waits]))
+
+    def _update_gauges(self, sessions: list[WorkerSession]) -> None:
+        counts: dict[str, int] = {}
+        for session in sessions:
+            counts[session.tenant] = counts.get(session.tenant, 0) + 1
+        for tenant in set(counts) | set(self._config.tenants):
+            WORKERS_REGISTERED.labels(tenant=tenant).set(counts.get(tenant, 0))
+
+    def _move(self, record: AssignmentRecord, workers: tuple[str, ...]) -> None:
+        def change(current: AssignmentRecord) -> AssignmentRecord | None:
+            if set(current.replicas) != set(record.replicas):
+                return None  # changed since the snapshot; the next pass looks again
+            replicas = {w: current.replicas.get(w, Replica()) for w in workers}
+            status = ASSIGNED if replicas else current.status
+            return replace(current, replicas=replicas, status=status,
+                           message="" if len(replicas) >= current.replication else current.message)
+
+        updated = self._state.update_record(record.tenant, record.dataset, record.epoch, change)
+        if updated is None or set(updated.replicas) != set(workers):
+            return
+        added, removed = sorted(set(workers) - set(record.replicas)), sorted(set(record.replicas) - set(workers))
+        kind = "admission.ASSIGNED" if record.status == PLANNED else "assignment.moved"
+        self._audit.record(AuditEvent(kind=kind, tenant=record.tenant, dataset=record.dataset,
+                                      epoch=record.epoch, master_id=self._master_id,
+                                      detail={"added": added, "removed": removed}))
+        logger.info("epoch %s of %s/%s: +%s -%s", record.epoch, record.tenant, record.dataset, added, removed,
+                    extra={"tenant_id": record.tenant, "epoch_id": record.epoch})
+
+    def sync(self, session: WorkerSession) -> None:
+        """Send `session` the plans it should hold and has not got; drop what it should not hold."""
+        if session.closed:
+            return
+        desired = {f"{r.dataset}/{r.epoch}": r for r in self._state.snapshot()[0]
+                   if r.tenant == session.tenant and r.live and session.worker_id in r.replicas}
+        for ref, record in desired.items():
+            replica = record.replicas[session.worker_id]
+            if ref in session.sent or ref in session.held or replica.state == R_FAILED:
+                continue
+            plan = self._state.get_plan(record.tenant, record.dataset, record.epoch)
+            if plan is None:
+                logger.error("epoch %s has no plan at %s", record.epoch,
+                             self._state.keys.plan(record.tenant, record.dataset, record.epoch))
+                continue
+            session.sent.add(ref)
+            session.send(data_assignment=_assignment(record, plan))
+        for ref in sorted((set(session.held) | session.sent) - set(desired)):
+            dataset, _, epoch = ref.partition("/")
+            session.held.pop(ref, None)
+            session.sent.discard(ref)
+            session.send(data_unassignment=_unassignment(dataset, epoch))
+
+
+def _assignment(record: AssignmentRecord, plan):
+    from speedlayer.api.v1 import control_plane_service_pb2 as cp
+
+    return cp.DataAssignmentEvent(dataset_id=record.dataset, epoch_id=record.epoch, load_plan=plan)
+
+
+def _unassignment(dataset: str, epoch: str):
+    from speedlayer.api.v1 import control_plane_service_pb2 as cp
+
+    return cp.DataUnassignmentEvent(dataset_id=dataset, epoch_id=epoch, reason="placed elsewhere")
