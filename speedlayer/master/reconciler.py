@@ -22,7 +22,7 @@ from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
 from speedlayer.observability.audit import AuditEvent, AuditLogger
 from speedlayer.observability.metrics import WORKERS_REGISTERED
-from speedlayer.records import ASSIGNED, PLANNED, R_FAILED, AssignmentRecord, Replica
+from speedlayer.records import ASSIGNED, PLANNED, R_FAILED, AssignmentRecord, Replica, WorkerRecord
 from speedlayer.transport.streams import StreamRegistry, WorkerSession
 
 logger = logging.getLogger(__name__)
@@ -31,18 +31,23 @@ IDLE_CHECK_S = 1.0
 
 
 def candidates_of(records: list[AssignmentRecord], sessions: list[WorkerSession],
+                  registered: dict[tuple[str, str], WorkerRecord],
                   draining: set[tuple[str, str]]) -> list[Candidate]:
-    """Connected workers as placement candidates, with what records already put on them."""
+    """Live workers as placement candidates, with what records already put on them: those
+    connected here, and those still registered in etcd (e.g. reconnecting after a leader
+    change: they get their plans when they connect)."""
     assigned: dict[tuple[str, str], tuple[int, int]] = {}
     for record in records:
         if record.live:
             for worker in record.replicas:
                 size, count = assigned.get((record.tenant, worker), (0, 0))
                 assigned[(record.tenant, worker)] = (size + record.estimated_memory_bytes, count + 1)
-    return [Candidate(worker_id=s.worker_id, tenant=s.tenant, memory_bytes=s.capacity.memory_bytes,
-                      assigned_bytes=assigned.get(s.key, (0, 0))[0], epoch_count=assigned.get(s.key, (0, 0))[1],
-                      draining=s.key in draining)
-            for s in sessions if not s.closed]
+    memory = {key: w.memory_bytes for key, w in registered.items()}
+    memory.update({s.key: s.capacity.memory_bytes for s in sessions if not s.closed})
+    return [Candidate(worker_id=key[1], tenant=key[0], memory_bytes=size,
+                      assigned_bytes=assigned.get(key, (0, 0))[0], epoch_count=assigned.get(key, (0, 0))[1],
+                      draining=key in draining)
+            for key, size in sorted(memory.items())]
 
 
 class Reconciler:
@@ -86,10 +91,9 @@ class Reconciler:
         delay = self._config.global_config.reassign_delay_s
         now = time.monotonic()
         in_grace = {k for k, since in lost_since.items() if now - since < delay and k not in connected}
-        # Workers still registered (e.g. kept alive by the previous leader) but not connected here.
-        keep = in_grace | {k for k in workers if k not in connected and k not in draining}
+        keep = in_grace
         self._update_gauges(sessions)
-        candidates = candidates_of(records, sessions, draining)
+        candidates = candidates_of(records, sessions, workers, draining)
         epochs = [EpochPlacement(PlanSummary(r.tenant, r.dataset, r.epoch, r.estimated_memory_bytes),
                                  r.replication, tuple(r.replicas))
                   for r in records if r.status in (PLANNED, ASSIGNED)]

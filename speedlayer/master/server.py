@@ -65,12 +65,15 @@ class LeaderRuntime:
                                          server.config.heartbeat_interval_seconds, self._changed)
         self.admission = AdmissionController(
             self.state, server.config_view, server.connectors, server.strategy,
-            lambda tenant: [c for c in candidates_of(self.state.snapshot()[0], self.registry.all(),
-                                                     self.state.snapshot()[3]) if c.tenant == tenant],
+            self._candidates,
             server.audit, server.config.master_id, self._changed)
 
     def _changed(self) -> None:
         self.reconciler.wake()
+
+    def _candidates(self, tenant: str):
+        records, workers, _, draining = self.state.snapshot()
+        return [c for c in candidates_of(records, self.registry.all(), workers, draining) if c.tenant == tenant]
 
     def start(self) -> None:
         self.state.load()

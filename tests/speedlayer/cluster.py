@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker.embedded_etcd import EmbeddedEtcd, free_port, wait_for_port
+from broker.embedded_etcd import etcd_binary, free_port, wait_for_port
 from danube_core.metadata import EtcdMetadataStore
 from speedlayer.client import ManagementClient
 from speedlayer.keys import SpeedLayerKeys
@@ -23,11 +23,43 @@ from speedlayer.records import GlobalConfig, TenantConfig
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+class RestartableEtcd:
+    """A single-node etcd on fixed ports and data dir, so it can be stopped and started again."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port, self.peer_port = free_port(), free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        log = open(self.data_dir / "etcd.log", "ab")
+        self.process = subprocess.Popen(
+            [etcd_binary(), "--data-dir", str(self.data_dir / "data"),
+             "--listen-client-urls", f"http://{self.endpoint}", "--advertise-client-urls", f"http://{self.endpoint}",
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"default={peer}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        wait_for_port(self.port)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
 class SpeedLayerCluster:
     def __init__(self, root: Path, *, election_ttl_s: int = 2, heartbeat_s: int = 1,
-                 reassign_delay_s: float = 1.0, strategy: str = "rendezvous", etcd: EmbeddedEtcd | None = None) -> None:
+                 reassign_delay_s: float = 1.0, strategy: str = "rendezvous") -> None:
         self.root = root
-        self.etcd = etcd or EmbeddedEtcd(data_dir=str(root / "etcd"))
+        self.etcd = RestartableEtcd(root / "etcd")
         self.keys = SpeedLayerKeys()
         self.config_path = root / "speedlayer.yaml"
         self.config_path.write_text(json.dumps({
@@ -51,6 +83,10 @@ class SpeedLayerCluster:
         env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env.update(extra or {})
         return env
+
+    def restart_etcd(self) -> None:
+        self.etcd.stop()
+        self.etcd.start()
 
     def start_master(self, master_id: str, env: dict[str, str] | None = None) -> int:
         port = free_port()
@@ -97,7 +133,7 @@ class SpeedLayerCluster:
 
     def dump_logs(self) -> str:
         parts = []
-        for path in sorted(self.root.glob("*.log")):
+        for path in sorted(self.root.glob("**/*.log")):
             text = path.read_text(errors="replace").splitlines()[-40:]
             parts.append(f"--- {path.name}\n" + "\n".join(text))
         return "\n".join(parts)
