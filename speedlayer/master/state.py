@@ -94,6 +94,8 @@ class ClusterState:
         self.workers: dict[WorkerKey, WorkerRecord] = {}
         self.lost_since: dict[WorkerKey, float] = {}
         self.draining: set[WorkerKey] = set()
+        self._raw: dict[str, bytes] = {}  # the bytes each cached record was read or written as
+        self._plans: dict[str, cp.LoadPlan] = {}  # plans are immutable: read once
         self._watches: list[WatchHandle] = []
 
     def load(self) -> None:
@@ -107,8 +109,8 @@ class ClusterState:
             tenant, _, worker = key[len(self.keys.drain_prefix):].partition("/")
             self.draining.add((tenant, worker))
         for key, raw in self.metadata.get_prefix(self.keys.assignments_prefix):
-            record = AssignmentRecord.from_json(raw, key)
-            self.records[key] = record
+            self.records[key] = AssignmentRecord.from_json(raw, key)
+            self._raw[key] = raw
         now = time.monotonic()
         for record in self.records.values():
             for worker in record.replicas:
@@ -152,45 +154,67 @@ class ClusterState:
         """Persist a new record; if one exists (a retry, a race), return that one instead."""
         key = self.keys.assignment(record.tenant, record.dataset, record.epoch)
         stamped = _stamped(record)
-        if self.metadata.put_if_absent(key, stamped.to_json()):
-            with self._lock:
-                self.records[key] = stamped
+        value = stamped.to_json()
+        if self.metadata.put_if_absent(key, value):
+            self._cache(key, stamped, value)
             return stamped
         raw = self.metadata.get(key)
-        existing = AssignmentRecord.from_json(raw, key) if raw is not None else stamped
-        with self._lock:
-            self.records[key] = existing
+        if raw is None:
+            return stamped
+        existing = AssignmentRecord.from_json(raw, key)
+        self._cache(key, existing, raw)
         return existing
+
+    def _cache(self, key: str, record: AssignmentRecord | None, raw: bytes | None) -> None:
+        with self._lock:
+            if record is None:
+                self.records.pop(key, None)
+                self._raw.pop(key, None)
+            else:
+                self.records[key], self._raw[key] = record, raw
 
     def update_record(self, tenant: str, dataset: str, epoch: str,
                       change: Callable[[AssignmentRecord], AssignmentRecord | None]) -> AssignmentRecord | None:
-        """Apply `change` (None: leave as is) with compare-and-put until it sticks."""
+        """Apply `change` (None: leave as is) with compare-and-put until it sticks.
+
+        The first attempt compares against the bytes this leader last saw (no read); if etcd
+        holds something else (another writer), the key is read and the change applied again.
+        """
         key = self.keys.assignment(tenant, dataset, epoch)
+        with self._lock:
+            raw = self._raw.get(key)
         for _ in range(20):
-            raw = self.metadata.get(key)
             if raw is None:
-                with self._lock:
-                    self.records.pop(key, None)
-                return None
+                raw = self.metadata.get(key)
+                if raw is None:
+                    self._cache(key, None, None)
+                    return None
             current = AssignmentRecord.from_json(raw, key)
             updated = change(current)
             if updated is None or updated == current:
-                with self._lock:
-                    self.records[key] = current
+                self._cache(key, current, raw)
                 return current
             updated = _stamped(updated)
-            if self.metadata.compare_and_put(key, raw, updated.to_json()):
-                with self._lock:
-                    self.records[key] = updated
+            value = updated.to_json()
+            if self.metadata.compare_and_put(key, raw, value):
+                self._cache(key, updated, value)
                 return updated
+            raw = None
         raise MetadataError(f"{key}: 20 concurrent changes in a row; giving up this update")
 
     def put_plan(self, plan: cp.LoadPlan) -> None:
-        self.metadata.put(self.keys.plan(plan.tenant_id, plan.dataset_id, plan.epoch_id), encode_plan(plan))
+        key = self.keys.plan(plan.tenant_id, plan.dataset_id, plan.epoch_id)
+        self.metadata.put(key, encode_plan(plan))
+        self._plans[key] = plan
 
     def get_plan(self, tenant: str, dataset: str, epoch: str) -> cp.LoadPlan | None:
-        raw = self.metadata.get(self.keys.plan(tenant, dataset, epoch))
-        return decode_plan(raw) if raw is not None else None
+        key = self.keys.plan(tenant, dataset, epoch)
+        if key not in self._plans:
+            raw = self.metadata.get(key)
+            if raw is None:
+                return None
+            self._plans[key] = decode_plan(raw)
+        return self._plans[key]
 
 
 def _stamped(record: AssignmentRecord) -> AssignmentRecord:
