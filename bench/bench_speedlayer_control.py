@@ -11,7 +11,7 @@ Usage: python bench/bench_speedlayer_control.py [--failovers 3] [--admissions 40
 * Admission -> ASSIGNED for a Delta table of `--files` files (each admission a new dataset, so a
   new epoch: log read, quota check, plan, placement, etcd writes). Goal p99 <= 200 ms. Baseline:
   reading the same Delta log alone (deltalake, no master), and an idempotent retry. Workers here
-  are in-process stubs that register and heartbeat but load nothing, so loads do not compete
+  are stubs (one process) that register and heartbeat but load nothing, so loads do not compete
   for the 2 CPUs with the admissions being timed.
 
 Writes bench/results/speedlayer_control.json.
@@ -109,25 +109,34 @@ def bench_worker_loss(root: Path, ttl_heartbeat_s: int, delay_s: float, table: s
             "kill_to_ready_elsewhere_s": round(recovery_s, 3)}
 
 
-class StubWorkers:
-    """In-process workers that register and heartbeat but never load (control-plane timing only)."""
+def run_stub_workers(masters: list[str], count: int) -> None:
+    """Workers that register and heartbeat but never load (control-plane timing only); run in
+    a process of their own so that parsing the plans they receive does not slow the timed client."""
+    from speedlayer.worker.agent import WorkerAgent, WorkerConfig
 
-    def __init__(self, masters: list[str], count: int) -> None:
-        from speedlayer.worker.agent import WorkerAgent, WorkerConfig
+    class Stub(WorkerAgent):
+        def _assigned(self, event) -> None:
+            return None
 
-        class Stub(WorkerAgent):
-            def _assigned(self, event) -> None:  # keep the CPUs for the admissions being timed
-                return None
+    agents = [Stub(WorkerConfig(tenant="bench", worker_id=f"s{i}", masters=masters, memory_bytes=0))
+              for i in range(count)]
+    threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
-        self.agents = [Stub(WorkerConfig(tenant="bench", worker_id=f"s{i}", masters=masters, memory_bytes=0))
-                       for i in range(count)]
-        self.threads = [threading.Thread(target=a.run, daemon=True) for a in self.agents]
-        for thread in self.threads:
-            thread.start()
 
-    def stop(self) -> None:
-        for agent in self.agents:
-            agent.stop()
+def start_stub_workers(masters: list[str], count: int):
+    import json
+    import os
+    import subprocess
+
+    code = ("import sys, json; sys.path[:0] = json.loads(sys.argv[1]); import bench_speedlayer_control as b; "
+            "b.run_stub_workers(json.loads(sys.argv[2]), int(sys.argv[3]))")
+    paths = [str(REPO_ROOT), str(REPO_ROOT / "bench")]
+    return subprocess.Popen([sys.executable, "-c", code, json.dumps(paths), json.dumps(masters), str(count)],
+                            env=dict(os.environ), stdout=subprocess.DEVNULL)
 
 
 def bench_admission(root: Path, count: int, table: str) -> dict:
@@ -138,7 +147,7 @@ def bench_admission(root: Path, count: int, table: str) -> dict:
     try:
         cluster.set_global(GlobalConfig(reassign_delay_s=1.0))
         cluster.start_master("m1")
-        stubs = StubWorkers(cluster.master_addresses, 3)
+        stubs = start_stub_workers(cluster.master_addresses, 3)
         client = cluster.client(deadline_s=60)
         wait_for(lambda: len(client.workers("bench").workers) == 3)
         client.admit(delta_request("bench", "warmup", table))
@@ -162,7 +171,8 @@ def bench_admission(root: Path, count: int, table: str) -> dict:
         files = client.status("bench", "ds0").epochs[0].file_count
     finally:
         if stubs is not None:
-            stubs.stop()
+            stubs.kill()
+            stubs.wait(10)
         cluster.stop()
     ordered = sorted(admit_ms)
     p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
