@@ -18,7 +18,7 @@ from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.errors import InvalidRequestError, TenantIsolationError
 from speedlayer.keys import valid_id
 from speedlayer.master.state import ClusterState
-from speedlayer.records import R_FAILED, R_LOADING, R_READY, AssignmentRecord, Replica, WorkerRecord
+from speedlayer.records import R_ASSIGNED, R_FAILED, R_LOADING, R_READY, AssignmentRecord, Replica, WorkerRecord
 from speedlayer.transport.streams import StreamRegistry, WorkerSession
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,16 @@ class WorkerDirectory:
         return session
 
     def _reconcile_held(self, session: WorkerSession, held: list[cp.HeldEpoch]) -> None:
+        reported = {(e.dataset_id, e.epoch_id) for e in held if e.status == Status.COMPLETED}
+        for record in self._state.snapshot()[0]:
+            replica = record.replicas.get(session.worker_id)
+            if (record.tenant != session.tenant or replica is None or replica.state == R_ASSIGNED
+                    or (record.dataset, record.epoch) in reported):
+                continue
+            # Placed here but not held (a restarted process): not READY until loaded again.
+            self._state.update_record(record.tenant, record.dataset, record.epoch,
+                                      lambda r, w=session.worker_id: r.with_replica(w, Replica())
+                                      if w in r.replicas else None)
         for epoch in held:
             ref = f"{epoch.dataset_id}/{epoch.epoch_id}"
             record = self._state.record(session.tenant, epoch.dataset_id, epoch.epoch_id)
