@@ -52,8 +52,13 @@ def candidates_of(records: list[AssignmentRecord], sessions: list[WorkerSession]
 
 class Reconciler:
     def __init__(self, state: ClusterState, registry: StreamRegistry, config: ConfigView,
-                 strategy: Callable[[], AssignmentStrategy], audit: AuditLogger, master_id: str) -> None:
+                 strategy: Callable[[], AssignmentStrategy], audit: AuditLogger, master_id: str,
+                 takeover_grace_s: float = 0.0) -> None:
         self._state, self._registry, self._config = state, registry, config
+        # After an election, workers need up to a lease TTL plus an election to find the new
+        # leader; until then none of them counts as lost (a new leader reconciles, it does not
+        # reassign everything).
+        self._takeover_grace_s = takeover_grace_s
         self._strategy, self._audit, self._master_id = strategy, audit, master_id
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -90,7 +95,9 @@ class Reconciler:
         connected = {s.key for s in sessions if not s.closed}
         delay = self._config.global_config.reassign_delay_s
         now = time.monotonic()
-        in_grace = {k for k, since in lost_since.items() if now - since < delay and k not in connected}
+        grace_end = self._state.loaded_at + self._takeover_grace_s
+        in_grace = {k for k, since in lost_since.items()
+                    if (now - since < delay or now < grace_end) and k not in connected}
         keep = in_grace
         self._update_gauges(sessions)
         candidates = candidates_of(records, sessions, workers, draining)
@@ -102,7 +109,7 @@ class Reconciler:
             self._move(by_key[key], workers_next)
         for session in self._registry.all():
             self.sync(session)
-        waits = [since + delay - now for k, since in lost_since.items() if k in in_grace]
+        waits = [max(since + delay, grace_end) - now for k, since in lost_since.items() if k in in_grace]
         return max(0.05, min([IDLE_CHECK_S, *waits]))
 
     def _update_gauges(self, sessions: list[WorkerSession]) -> None:

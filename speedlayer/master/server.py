@@ -59,8 +59,9 @@ class LeaderRuntime:
     def __init__(self, server: "MasterServer") -> None:
         self.registry = StreamRegistry()
         self.state = ClusterState(server.metadata, server.keys, self._changed)
+        grace = 3 * server.config.heartbeat_interval_seconds + server.config.election_ttl_seconds
         self.reconciler = Reconciler(self.state, self.registry, server.config_view, server.strategy,
-                                     server.audit, server.config.master_id)
+                                     server.audit, server.config.master_id, takeover_grace_s=grace)
         self.directory = WorkerDirectory(self.state, self.registry, server.config.master_id,
                                          server.config.heartbeat_interval_seconds, self._changed)
         self.admission = AdmissionController(

@@ -94,6 +94,7 @@ class ClusterState:
         self.workers: dict[WorkerKey, WorkerRecord] = {}
         self.lost_since: dict[WorkerKey, float] = {}
         self.draining: set[WorkerKey] = set()
+        self.loaded_at = time.monotonic()
         self._raw: dict[str, bytes] = {}  # the bytes each cached record was read or written as
         self._plans: dict[str, cp.LoadPlan] = {}  # plans are immutable: read once
         self._watches: list[WatchHandle] = []
@@ -112,6 +113,7 @@ class ClusterState:
             self.records[key] = AssignmentRecord.from_json(raw, key)
             self._raw[key] = raw
         now = time.monotonic()
+        self.loaded_at = now
         for record in self.records.values():
             for worker in record.replicas:
                 if (record.tenant, worker) not in self.workers:

@@ -88,6 +88,31 @@ def test_leader_killed_during_admission_retry_returns_same_epoch(cluster, table)
     assert set(two_ready(cluster, retry.epoch_id).values()) == {ROWS}
 
 
+def test_follower_names_the_leader_and_a_new_leader_keeps_placement(cluster, table):
+    from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc
+    from speedlayer.observability.audit import read_audit_log
+
+    epoch = record(cluster, "orders").epoch
+    before = two_ready(cluster, epoch)
+    leader = cluster.leader_id()
+    follower = next(m for m in cluster.masters if m != leader)
+    with grpc.insecure_channel(f"127.0.0.1:{cluster.masters[follower][1]}") as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            mg_grpc.ManagementServiceStub(channel).AdmitDataset(delta_request(TENANT, "orders", table), timeout=10)
+    hints = dict(caught.value.trailing_metadata())
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert hints["leader-address"] == f"127.0.0.1:{cluster.masters[leader][1]}" and int(hints["retry-after-ms"]) > 0
+
+    cluster.kill_master(leader)
+    cluster.start_master(leader)  # back, as a follower
+    new = eventually(lambda: (m := cluster.leader_id()) not in (None, leader) and m, deadline_s=20)
+    eventually(lambda: len(cluster.client().workers(TENANT).workers) == 3, deadline_s=30)
+    assert two_ready(cluster, epoch) == before
+    moved = [e for e in read_audit_log(str(cluster.root / f"speedlayer-audit-{new}.jsonl"))
+             if e["kind"] == "assignment.moved"]
+    assert moved == []  # the new leader reconciled with what workers hold
+
+
 def test_worker_killed_its_epochs_ready_elsewhere(cluster, table):
     epoch = record(cluster, "orders").epoch
     before = two_ready(cluster, epoch)
