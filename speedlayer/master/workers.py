@@ -11,6 +11,7 @@ it stays; one whose epoch lacks replicas is adopted; anything else is dropped by
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Callable
 
@@ -94,8 +95,6 @@ class WorkerDirectory:
         self._changed()
 
     def heartbeat(self, session: WorkerSession, message: cp.EventStreamMessage) -> cp.HeartbeatAckEvent:
-        import time
-
         session.last_heartbeat = time.monotonic()
         session.memory_used_bytes = message.heartbeat_event.status.memory_used_bytes
         session.lease.refresh()
@@ -105,9 +104,10 @@ class WorkerDirectory:
 
     def pull_status(self, session: WorkerSession, message: cp.EventStreamMessage) -> None:
         update = message.data_pull_status_update
-        if message.tenant_id and message.tenant_id != session.tenant:
-            raise TenantIsolationError(f"worker {session.worker_id} of tenant {session.tenant} "
-                                       f"reported for tenant {message.tenant_id}")
+        claimed = (message.tenant_id or session.tenant, message.worker_id or session.worker_id)
+        if claimed != session.key:
+            raise TenantIsolationError(f"the stream of worker {session.worker_id} (tenant {session.tenant}) "
+                                       f"carried an update for {claimed[1]} of tenant {claimed[0]}")
         ref = f"{update.dataset_id}/{update.epoch_id}"
         state = {Status.IN_PROGRESS: R_LOADING, Status.COMPLETED: R_READY, Status.FAILED: R_FAILED}.get(update.status)
         if state is None:
