@@ -104,8 +104,8 @@ def test_follower_names_the_leader_and_a_new_leader_keeps_placement(cluster, tab
     assert hints["leader-address"] == f"127.0.0.1:{cluster.masters[leader][1]}" and int(hints["retry-after-ms"]) > 0
 
     cluster.kill_master(leader)
-    cluster.start_master(leader)  # back, as a follower
     new = eventually(lambda: (m := cluster.leader_id()) not in (None, leader) and m, deadline_s=20)
+    cluster.start_master(leader)  # back, as a follower
     eventually(lambda: len(cluster.client().workers(TENANT).workers) == 3, deadline_s=30)
     assert two_ready(cluster, epoch) == before
     moved = [e for e in read_audit_log(str(cluster.root / f"speedlayer-audit-{new}.jsonl"))
