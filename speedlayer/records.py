@@ -60,13 +60,18 @@ class WorkerRecord:
 
 @dataclass(frozen=True)
 class Replica:
-    """One worker's copy of an epoch: its state and, once READY, what the load took."""
+    """One worker's copy of an epoch: its state and, once READY, what the load took.
+
+    `leaving`: the epoch is moving off this worker (balance, drain); the replica stays, and
+    queryable, until the replicas replacing it are READY (make before break).
+    """
 
     state: str = R_ASSIGNED
     rows: int = 0
     bytes: int = 0
     seconds: float = 0.0
     error: str = ""
+    leaving: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,10 @@ class AssignmentRecord:
     def live(self) -> bool:
         """Counts against quotas and is kept placed: everything but FAILED."""
         return self.status != FAILED
+
+    def staying(self) -> tuple[str, ...]:
+        """The workers the epoch is placed on, leaving replicas excluded (sorted)."""
+        return tuple(sorted(w for w, r in self.replicas.items() if not r.leaving))
 
     def ready_workers(self) -> list[str]:
         return sorted(w for w, r in self.replicas.items() if r.state == R_READY)

@@ -22,7 +22,7 @@ from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
 from speedlayer.observability.audit import AuditEvent, AuditLogger
 from speedlayer.observability.metrics import WORKERS_REGISTERED
-from speedlayer.records import ASSIGNED, PLANNED, R_FAILED, AssignmentRecord, Replica, WorkerRecord
+from speedlayer.records import ASSIGNED, PLANNED, R_FAILED, R_READY, AssignmentRecord, Replica, WorkerRecord
 from speedlayer.transport.streams import StreamRegistry, WorkerSession
 
 logger = logging.getLogger(__name__)
@@ -55,9 +55,9 @@ class Reconciler:
                  strategy: Callable[[], AssignmentStrategy], audit: AuditLogger, master_id: str,
                  takeover_grace_s: float = 0.0) -> None:
         self._state, self._registry, self._config = state, registry, config
-        # After an election, workers need up to a lease TTL plus an election to find the new
-        # leader; until then none of them counts as lost (a new leader reconciles, it does not
-        # reassign everything).
+        # After an election, workers need up to a lease TTL, an election and a reconnect backoff
+        # to find the new leader; until then (plus the reassignment delay) none of them counts
+        # as lost: a new leader reconciles, it does not reassign everything.
         self._takeover_grace_s = takeover_grace_s
         self._strategy, self._audit, self._master_id = strategy, audit, master_id
         self._wake = threading.Event()
@@ -95,22 +95,30 @@ class Reconciler:
         connected = {s.key for s in sessions if not s.closed}
         delay = self._config.global_config.reassign_delay_s
         now = time.monotonic()
-        grace_end = self._state.loaded_at + self._takeover_grace_s
+        grace_end = self.takeover_end()
         in_grace = {k for k, since in lost_since.items()
                     if (now - since < delay or now < grace_end) and k not in connected}
         keep = in_grace
         self._update_gauges(sessions)
-        candidates = candidates_of(records, sessions, workers, draining)
+        candidates = candidates_of(records, sessions, self._state.placeable_workers(now < grace_end), draining)
         epochs = [EpochPlacement(PlanSummary(r.tenant, r.dataset, r.epoch, r.estimated_memory_bytes),
-                                 r.replication, tuple(r.replicas))
+                                 r.replication, r.staying())
                   for r in records if r.status in (PLANNED, ASSIGNED)]
         by_key = {f"{r.tenant}/{r.dataset}/{r.epoch}": r for r in records}
+        live = set(workers) | connected
         for key, workers_next in next_placement(epochs, candidates, keep, self._strategy()).items():
-            self._move(by_key[key], workers_next)
+            self._move(by_key[key], workers_next, live)
+        for record in self._state.snapshot()[0]:
+            if any(r.leaving for r in record.replicas.values()):
+                self._retire_leaving(record, live)
         for session in self._registry.all():
             self.sync(session)
         waits = [max(since + delay, grace_end) - now for k, since in lost_since.items() if k in in_grace]
         return max(0.05, min([IDLE_CHECK_S, *waits]))
+
+    def takeover_end(self) -> float:
+        """Monotonic time until which this new leader counts no previously registered worker as lost."""
+        return self._state.loaded_at + self._takeover_grace_s + self._config.global_config.reassign_delay_s
 
     def _update_gauges(self, sessions: list[WorkerSession]) -> None:
         counts: dict[str, int] = {}
@@ -119,25 +127,44 @@ class Reconciler:
         for tenant in set(counts) | set(self._config.tenants):
             WORKERS_REGISTERED.labels(tenant=tenant).set(counts.get(tenant, 0))
 
-    def _move(self, record: AssignmentRecord, workers: tuple[str, ...]) -> None:
+    def _move(self, record: AssignmentRecord, workers: tuple[str, ...], live: set[tuple[str, str]]) -> None:
+        """Place `record` on `workers`. A READY replica on a live worker that is no longer
+        wanted becomes `leaving` (still held and queryable) instead of being dropped at once."""
         def change(current: AssignmentRecord) -> AssignmentRecord | None:
-            if set(current.replicas) != set(record.replicas):
+            if current.staying() != record.staying():
                 return None  # changed since the snapshot; the next pass looks again
-            replicas = {w: current.replicas.get(w, Replica()) for w in workers}
+            replicas = {w: replace(current.replicas.get(w, Replica()), leaving=False) for w in workers}
+            for worker, replica in current.replicas.items():
+                if worker in replicas:
+                    continue
+                if replica.state == R_READY and (current.tenant, worker) in live and replicas:
+                    replicas[worker] = replace(replica, leaving=True)
             status = ASSIGNED if replicas else current.status
             return replace(current, replicas=replicas, status=status,
-                           message="" if len(replicas) >= current.replication else current.message)
+                           message="" if len(workers) >= current.replication else current.message)
 
         updated = self._state.update_record(record.tenant, record.dataset, record.epoch, change)
-        if updated is None or set(updated.replicas) != set(workers):
+        if updated is None or set(updated.staying()) != set(workers):
             return
-        added, removed = sorted(set(workers) - set(record.replicas)), sorted(set(record.replicas) - set(workers))
+        added = sorted(set(workers) - set(record.staying()))
+        removed = sorted(set(record.staying()) - set(workers))
         kind = "admission.ASSIGNED" if record.status == PLANNED else "assignment.moved"
         self._audit.record(AuditEvent(kind=kind, tenant=record.tenant, dataset=record.dataset,
                                       epoch=record.epoch, master_id=self._master_id,
                                       detail={"added": added, "removed": removed}))
         logger.info("epoch %s of %s/%s: +%s -%s", record.epoch, record.tenant, record.dataset, added, removed,
                     extra={"tenant_id": record.tenant, "epoch_id": record.epoch})
+
+    def _retire_leaving(self, record: AssignmentRecord, live: set[tuple[str, str]]) -> None:
+        """Drop leaving replicas once their replacements are READY (or the worker is gone)."""
+        def change(current: AssignmentRecord) -> AssignmentRecord | None:
+            staying = [r for r in current.replicas.values() if not r.leaving]
+            done = sum(r.state in (R_READY, R_FAILED) for r in staying) >= len(staying)
+            replicas = {w: r for w, r in current.replicas.items()
+                        if not r.leaving or (not done and (current.tenant, w) in live)}
+            return replace(current, replicas=replicas) if replicas != current.replicas else None
+
+        self._state.update_record(record.tenant, record.dataset, record.epoch, change)
 
     def sync(self, session: WorkerSession) -> None:
         """Send `session` the plans it should hold and has not got; drop what it should not hold."""

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -59,7 +60,9 @@ class LeaderRuntime:
     def __init__(self, server: "MasterServer") -> None:
         self.registry = StreamRegistry()
         self.state = ClusterState(server.metadata, server.keys, self._changed)
-        grace = 3 * server.config.heartbeat_interval_seconds + server.config.election_ttl_seconds
+        from speedlayer.worker.agent import MAX_BACKOFF_S
+
+        grace = 3 * server.config.heartbeat_interval_seconds + server.config.election_ttl_seconds + MAX_BACKOFF_S
         self.reconciler = Reconciler(self.state, self.registry, server.config_view, server.strategy,
                                      server.audit, server.config.master_id, takeover_grace_s=grace)
         self.directory = WorkerDirectory(self.state, self.registry, server.config.master_id,
@@ -73,7 +76,8 @@ class LeaderRuntime:
         self.reconciler.wake()
 
     def _candidates(self, tenant: str):
-        records, workers, _, draining = self.state.snapshot()
+        records, _, _, draining = self.state.snapshot()
+        workers = self.state.placeable_workers(time.monotonic() < self.reconciler.takeover_end())
         return [c for c in candidates_of(records, self.registry.all(), workers, draining) if c.tenant == tenant]
 
     def start(self) -> None:

@@ -95,6 +95,7 @@ class ClusterState:
         self.lost_since: dict[WorkerKey, float] = {}
         self.draining: set[WorkerKey] = set()
         self.loaded_at = time.monotonic()
+        self._at_takeover: dict[WorkerKey, WorkerRecord] = {}
         self._raw: dict[str, bytes] = {}  # the bytes each cached record was read or written as
         self._plans: dict[str, cp.LoadPlan] = {}  # plans are immutable: read once
         self._watches: list[WatchHandle] = []
@@ -114,6 +115,7 @@ class ClusterState:
             self._raw[key] = raw
         now = time.monotonic()
         self.loaded_at = now
+        self._at_takeover = dict(self.workers)
         for record in self.records.values():
             for worker in record.replicas:
                 if (record.tenant, worker) not in self.workers:
@@ -148,6 +150,12 @@ class ClusterState:
     def snapshot(self) -> tuple[list[AssignmentRecord], dict[WorkerKey, WorkerRecord], dict[WorkerKey, float], set[WorkerKey]]:
         with self._lock:
             return list(self.records.values()), dict(self.workers), dict(self.lost_since), set(self.draining)
+
+    def placeable_workers(self, takeover_open: bool) -> dict[WorkerKey, WorkerRecord]:
+        """Registered workers, plus, while a new leader's takeover window is open, those that
+        were registered when it took over (their leases may lapse while they look for it)."""
+        with self._lock:
+            return {**self._at_takeover, **self.workers} if takeover_open else dict(self.workers)
 
     def record(self, tenant: str, dataset: str, epoch: str) -> AssignmentRecord | None:
         return self.records.get(self.keys.assignment(tenant, dataset, epoch))

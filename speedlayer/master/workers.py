@@ -10,6 +10,7 @@ it stays; one whose epoch lacks replicas is adopted; anything else is dropped by
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import replace
@@ -67,9 +68,8 @@ class WorkerDirectory:
                     or (record.dataset, record.epoch) in reported):
                 continue
             # Placed here but not held (a restarted process): not READY until loaded again.
-            self._state.update_record(record.tenant, record.dataset, record.epoch,
-                                      lambda r, w=session.worker_id: r.with_replica(w, Replica())
-                                      if w in r.replicas else None)
+            self._state.update_record(record.tenant, record.dataset, record.epoch, functools.partial(
+                _not_held, worker=session.worker_id))
         for epoch in held:
             ref = f"{epoch.dataset_id}/{epoch.epoch_id}"
             record = self._state.record(session.tenant, epoch.dataset_id, epoch.epoch_id)
@@ -87,7 +87,7 @@ class WorkerDirectory:
                         return None
                     return current.with_replica(worker, replace(current.replicas[worker], state=R_READY,
                                                                 rows=epoch.rows, bytes=epoch.bytes))
-                if len(current.replicas) < current.replication:
+                if len(current.staying()) < current.replication:
                     return current.with_replica(worker, ready)
                 return None
 
@@ -117,8 +117,8 @@ class WorkerDirectory:
         def change(current: AssignmentRecord) -> AssignmentRecord | None:
             if session.worker_id not in current.replicas:
                 return None
-            replica = Replica(state=state, rows=update.rows, bytes=update.bytes, seconds=update.seconds,
-                              error=update.error_message)
+            replica = replace(current.replicas[session.worker_id], state=state, rows=update.rows,
+                              bytes=update.bytes, seconds=update.seconds, error=update.error_message)
             return current.with_replica(session.worker_id, replica)
 
         updated = self._state.update_record(session.tenant, update.dataset_id, update.epoch_id, change)
@@ -140,3 +140,12 @@ class WorkerDirectory:
                            extra={"tenant_id": session.tenant, "worker_id": session.worker_id})
         session.close()
         self._changed()
+
+
+def _not_held(record: AssignmentRecord, worker: str) -> AssignmentRecord | None:
+    """`worker` re-registered without this epoch: a leaving replica is gone, any other is
+    ASSIGNED again (the next sync sends the plan)."""
+    replica = record.replicas.get(worker)
+    if replica is None:
+        return None
+    return record.with_replica(worker, None if replica.leaving else replace(replica, state=R_ASSIGNED))

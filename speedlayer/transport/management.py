@@ -127,5 +127,5 @@ def _epoch_status(record: AssignmentRecord) -> mg.EpochStatus:
         total_rows=record.total_rows, estimated_memory_bytes=record.estimated_memory_bytes,
         replication=record.replication, file_count=record.file_count,
         replicas=[mg.ReplicaStatus(worker_id=w, state=r.state, rows=r.rows, bytes=r.bytes, seconds=r.seconds,
-                                   error=r.error) for w, r in sorted(record.replicas.items())],
+                                   error=r.error, leaving=r.leaving) for w, r in sorted(record.replicas.items())],
     )

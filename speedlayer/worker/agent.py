@@ -29,6 +29,7 @@ from speedlayer.worker.loader import EpochLoader
 logger = logging.getLogger(__name__)
 
 Status = cp.DataPullStatusUpdateEvent
+MAX_BACKOFF_S = 2.0  # reconnect backoff cap; the master's takeover grace allows for it
 CLIENT_OPTIONS = CHANNEL_OPTIONS + [("grpc.keepalive_time_ms", 15_000), ("grpc.keepalive_timeout_ms", 5_000),
                                     ("grpc.keepalive_permit_without_calls", 1)]
 
@@ -43,7 +44,7 @@ class WorkerConfig:
     cpu_cores: int = 2
     threads: int = 2
     storage_options: dict[str, dict] = field(default_factory=dict)
-    max_backoff_s: float = 2.0
+    max_backoff_s: float = MAX_BACKOFF_S
 
 
 @dataclass

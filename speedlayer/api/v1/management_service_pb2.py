@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*speedlayer/api/v1/management_service.proto\x12\rspeedlayer.v1\"\xd4\x01\n\x13\x41\x64mitDatasetRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12\x38\n\x12partitions_to_load\x18\x03 \x03(\x0b\x32\x1c.speedlayer.v1.PartitionSpec\x12\x33\n\x06source\x18\x04 \x01(\x0b\x32#.speedlayer.v1.DataSourceIdentifier\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x13\n\x0breplication\x18\x06 \x01(\x05\"]\n\x14\x41\x64mitDatasetResponse\x12\x10\n\x08\x65poch_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"x\n\rPartitionSpec\x12\x38\n\x06values\x18\x01 \x03(\x0b\x32(.speedlayer.v1.PartitionSpec.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbd\x01\n\x14\x44\x61taSourceIdentifier\x12\x34\n\riceberg_table\x18\x01 \x01(\x0b\x32\x1b.speedlayer.v1.IcebergTableH\x00\x12.\n\nolap_table\x18\x02 \x01(\x0b\x32\x18.speedlayer.v1.OlapTableH\x00\x12\x30\n\x0b\x64\x65lta_table\x18\x03 \x01(\x0b\x32\x19.speedlayer.v1.DeltaTableH\x00\x42\r\n\x0bsource_type\"@\n\x0cIcebergTable\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tabase\x18\x02 \x01(\t\x12\r\n\x05table\x18\x03 \x01(\t\">\n\tOlapTable\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tabase\x18\x02 \x01(\t\x12\r\n\x05table\x18\x03 \x01(\t\"E\n\nDeltaTable\x12\x11\n\ttable_uri\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0bpin_version\x18\x03 \x01(\x08\"O\n\x14\x44\x61tasetStatusRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x03 \x01(\t\"n\n\rReplicaStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x03\x12\r\n\x05\x62ytes\x18\x04 \x01(\x03\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"\xde\x01\n\x0b\x45pochStatus\x12\x10\n\x08\x65poch_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x12\n\ntotal_rows\x18\x05 \x01(\x03\x12\x1e\n\x16\x65stimated_memory_bytes\x18\x06 \x01(\x03\x12\x13\n\x0breplication\x18\x07 \x01(\x05\x12.\n\x08replicas\x18\x08 \x03(\x0b\x32\x1c.speedlayer.v1.ReplicaStatus\x12\x12\n\nfile_count\x18\t \x01(\x05\"C\n\x15\x44\x61tasetStatusResponse\x12*\n\x06\x65pochs\x18\x01 \x03(\x0b\x32\x1a.speedlayer.v1.EpochStatus\"\'\n\x12ListWorkersRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"\xa9\x01\n\nWorkerInfo\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x03\x12\x11\n\tcpu_cores\x18\x05 \x01(\x05\x12\x19\n\x11memory_used_bytes\x18\x06 \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x07 \x03(\t\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\"A\n\x13ListWorkersResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.speedlayer.v1.WorkerInfo\":\n\x12\x44rainWorkerRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"&\n\x13\x44rainWorkerResponse\x12\x0f\n\x07message\x18\x01 \x01(\t\"o\n\x15SetTenantQuotaRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x1a\n\x12memory_quota_bytes\x18\x02 \x01(\x03\x12\x11\n\tread_only\x18\x03 \x01(\x08\x12\x14\n\x0csource_roots\x18\x04 \x03(\t\"u\n\x13TenantQuotaResponse\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x1a\n\x12memory_quota_bytes\x18\x02 \x01(\x03\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x03\x12\x14\n\x0csource_roots\x18\x04 \x03(\t2\xd0\x03\n\x11ManagementService\x12W\n\x0c\x41\x64mitDataset\x12\".speedlayer.v1.AdmitDatasetRequest\x1a#.speedlayer.v1.AdmitDatasetResponse\x12Z\n\rDatasetStatus\x12#.speedlayer.v1.DatasetStatusRequest\x1a$.speedlayer.v1.DatasetStatusResponse\x12T\n\x0bListWorkers\x12!.speedlayer.v1.ListWorkersRequest\x1a\".speedlayer.v1.ListWorkersResponse\x12T\n\x0b\x44rainWorker\x12!.speedlayer.v1.DrainWorkerRequest\x1a\".speedlayer.v1.DrainWorkerResponse\x12Z\n\x0eSetTenantQuota\x12$.speedlayer.v1.SetTenantQuotaRequest\x1a\".speedlayer.v1.TenantQuotaResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*speedlayer/api/v1/management_service.proto\x12\rspeedlayer.v1\"\xd4\x01\n\x13\x41\x64mitDatasetRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12\x38\n\x12partitions_to_load\x18\x03 \x03(\x0b\x32\x1c.speedlayer.v1.PartitionSpec\x12\x33\n\x06source\x18\x04 \x01(\x0b\x32#.speedlayer.v1.DataSourceIdentifier\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x13\n\x0breplication\x18\x06 \x01(\x05\"]\n\x14\x41\x64mitDatasetResponse\x12\x10\n\x08\x65poch_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"x\n\rPartitionSpec\x12\x38\n\x06values\x18\x01 \x03(\x0b\x32(.speedlayer.v1.PartitionSpec.ValuesEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbd\x01\n\x14\x44\x61taSourceIdentifier\x12\x34\n\riceberg_table\x18\x01 \x01(\x0b\x32\x1b.speedlayer.v1.IcebergTableH\x00\x12.\n\nolap_table\x18\x02 \x01(\x0b\x32\x18.speedlayer.v1.OlapTableH\x00\x12\x30\n\x0b\x64\x65lta_table\x18\x03 \x01(\x0b\x32\x19.speedlayer.v1.DeltaTableH\x00\x42\r\n\x0bsource_type\"@\n\x0cIcebergTable\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tabase\x18\x02 \x01(\t\x12\r\n\x05table\x18\x03 \x01(\t\">\n\tOlapTable\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tabase\x18\x02 \x01(\t\x12\r\n\x05table\x18\x03 \x01(\t\"E\n\nDeltaTable\x12\x11\n\ttable_uri\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0bpin_version\x18\x03 \x01(\x08\"O\n\x14\x44\x61tasetStatusRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x12\n\ndataset_id\x18\x02 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x03 \x01(\t\"\x7f\n\rReplicaStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x03\x12\r\n\x05\x62ytes\x18\x04 \x01(\x03\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x0f\n\x07leaving\x18\x07 \x01(\x08\"\xde\x01\n\x0b\x45pochStatus\x12\x10\n\x08\x65poch_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x12\n\ntotal_rows\x18\x05 \x01(\x03\x12\x1e\n\x16\x65stimated_memory_bytes\x18\x06 \x01(\x03\x12\x13\n\x0breplication\x18\x07 \x01(\x05\x12.\n\x08replicas\x18\x08 \x03(\x0b\x32\x1c.speedlayer.v1.ReplicaStatus\x12\x12\n\nfile_count\x18\t \x01(\x05\"C\n\x15\x44\x61tasetStatusResponse\x12*\n\x06\x65pochs\x18\x01 \x03(\x0b\x32\x1a.speedlayer.v1.EpochStatus\"\'\n\x12ListWorkersRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"\xa9\x01\n\nWorkerInfo\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x03\x12\x11\n\tcpu_cores\x18\x05 \x01(\x05\x12\x19\n\x11memory_used_bytes\x18\x06 \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x07 \x03(\t\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\"A\n\x13ListWorkersResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.speedlayer.v1.WorkerInfo\":\n\x12\x44rainWorkerRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"&\n\x13\x44rainWorkerResponse\x12\x0f\n\x07message\x18\x01 \x01(\t\"o\n\x15SetTenantQuotaRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x1a\n\x12memory_quota_bytes\x18\x02 \x01(\x03\x12\x11\n\tread_only\x18\x03 \x01(\x08\x12\x14\n\x0csource_roots\x18\x04 \x03(\t\"u\n\x13TenantQuotaResponse\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x1a\n\x12memory_quota_bytes\x18\x02 \x01(\x03\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x03\x12\x14\n\x0csource_roots\x18\x04 \x03(\t2\xd0\x03\n\x11ManagementService\x12W\n\x0c\x41\x64mitDataset\x12\".speedlayer.v1.AdmitDatasetRequest\x1a#.speedlayer.v1.AdmitDatasetResponse\x12Z\n\rDatasetStatus\x12#.speedlayer.v1.DatasetStatusRequest\x1a$.speedlayer.v1.DatasetStatusResponse\x12T\n\x0bListWorkers\x12!.speedlayer.v1.ListWorkersRequest\x1a\".speedlayer.v1.ListWorkersResponse\x12T\n\x0b\x44rainWorker\x12!.speedlayer.v1.DrainWorkerRequest\x1a\".speedlayer.v1.DrainWorkerResponse\x12Z\n\x0eSetTenantQuota\x12$.speedlayer.v1.SetTenantQuotaRequest\x1a\".speedlayer.v1.TenantQuotaResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,25 +52,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DATASETSTATUSREQUEST']._serialized_start=886
   _globals['_DATASETSTATUSREQUEST']._serialized_end=965
   _globals['_REPLICASTATUS']._serialized_start=967
-  _globals['_REPLICASTATUS']._serialized_end=1077
-  _globals['_EPOCHSTATUS']._serialized_start=1080
-  _globals['_EPOCHSTATUS']._serialized_end=1302
-  _globals['_DATASETSTATUSRESPONSE']._serialized_start=1304
-  _globals['_DATASETSTATUSRESPONSE']._serialized_end=1371
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1373
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1412
-  _globals['_WORKERINFO']._serialized_start=1415
-  _globals['_WORKERINFO']._serialized_end=1584
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1586
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1651
-  _globals['_DRAINWORKERREQUEST']._serialized_start=1653
-  _globals['_DRAINWORKERREQUEST']._serialized_end=1711
-  _globals['_DRAINWORKERRESPONSE']._serialized_start=1713
-  _globals['_DRAINWORKERRESPONSE']._serialized_end=1751
-  _globals['_SETTENANTQUOTAREQUEST']._serialized_start=1753
-  _globals['_SETTENANTQUOTAREQUEST']._serialized_end=1864
-  _globals['_TENANTQUOTARESPONSE']._serialized_start=1866
-  _globals['_TENANTQUOTARESPONSE']._serialized_end=1983
-  _globals['_MANAGEMENTSERVICE']._serialized_start=1986
-  _globals['_MANAGEMENTSERVICE']._serialized_end=2450
+  _globals['_REPLICASTATUS']._serialized_end=1094
+  _globals['_EPOCHSTATUS']._serialized_start=1097
+  _globals['_EPOCHSTATUS']._serialized_end=1319
+  _globals['_DATASETSTATUSRESPONSE']._serialized_start=1321
+  _globals['_DATASETSTATUSRESPONSE']._serialized_end=1388
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1390
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1429
+  _globals['_WORKERINFO']._serialized_start=1432
+  _globals['_WORKERINFO']._serialized_end=1601
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1603
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1668
+  _globals['_DRAINWORKERREQUEST']._serialized_start=1670
+  _globals['_DRAINWORKERREQUEST']._serialized_end=1728
+  _globals['_DRAINWORKERRESPONSE']._serialized_start=1730
+  _globals['_DRAINWORKERRESPONSE']._serialized_end=1768
+  _globals['_SETTENANTQUOTAREQUEST']._serialized_start=1770
+  _globals['_SETTENANTQUOTAREQUEST']._serialized_end=1881
+  _globals['_TENANTQUOTARESPONSE']._serialized_start=1883
+  _globals['_TENANTQUOTARESPONSE']._serialized_end=2000
+  _globals['_MANAGEMENTSERVICE']._serialized_start=2003
+  _globals['_MANAGEMENTSERVICE']._serialized_end=2467
 # @@protoc_insertion_point(module_scope)

@@ -98,20 +98,22 @@ class DatasetStatusRequest(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., dataset_id: _Optional[str] = ..., epoch_id: _Optional[str] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("worker_id", "state", "rows", "bytes", "seconds", "error")
+    __slots__ = ("worker_id", "state", "rows", "bytes", "seconds", "error", "leaving")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     state: str
     rows: int
     bytes: int
     seconds: float
     error: str
-    def __init__(self, worker_id: _Optional[str] = ..., state: _Optional[str] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+    leaving: bool
+    def __init__(self, worker_id: _Optional[str] = ..., state: _Optional[str] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class EpochStatus(_message.Message):
     __slots__ = ("epoch_id", "status", "message", "version", "total_rows", "estimated_memory_bytes", "replication", "replicas", "file_count")
