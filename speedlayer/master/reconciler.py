@@ -96,8 +96,9 @@ class Reconciler:
         delay = self._config.global_config.reassign_delay_s
         now = time.monotonic()
         grace_end = self.takeover_end()
+        taking_over = self._state.known_at_takeover if now < grace_end else set()
         in_grace = {k for k, since in lost_since.items()
-                    if (now - since < delay or now < grace_end) and k not in connected}
+                    if (now - since < delay or k in taking_over) and k not in connected}
         keep = in_grace
         self._update_gauges(sessions)
         candidates = candidates_of(records, sessions, self._state.placeable_workers(now < grace_end), draining)
@@ -113,7 +114,8 @@ class Reconciler:
                 self._retire_leaving(record, live)
         for session in self._registry.all():
             self.sync(session)
-        waits = [max(since + delay, grace_end) - now for k, since in lost_since.items() if k in in_grace]
+        waits = [(grace_end if k in taking_over else since + delay) - now for k, since in lost_since.items()
+                 if k in in_grace]
         return max(0.05, min([IDLE_CHECK_S, *waits]))
 
     def takeover_end(self) -> float:

@@ -96,6 +96,7 @@ class ClusterState:
         self.draining: set[WorkerKey] = set()
         self.loaded_at = time.monotonic()
         self._at_takeover: dict[WorkerKey, WorkerRecord] = {}
+        self.known_at_takeover: set[WorkerKey] = set()
         self._raw: dict[str, bytes] = {}  # the bytes each cached record was read or written as
         self._plans: dict[str, cp.LoadPlan] = {}  # plans are immutable: read once
         self._watches: list[WatchHandle] = []
@@ -116,8 +117,10 @@ class ClusterState:
         now = time.monotonic()
         self.loaded_at = now
         self._at_takeover = dict(self.workers)
+        self.known_at_takeover = set(self.workers)
         for record in self.records.values():
             for worker in record.replicas:
+                self.known_at_takeover.add((record.tenant, worker))
                 if (record.tenant, worker) not in self.workers:
                     self.lost_since.setdefault((record.tenant, worker), now)
 

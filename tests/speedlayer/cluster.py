@@ -67,6 +67,7 @@ class SpeedLayerCluster:
             "master": {"election_ttl_seconds": election_ttl_s, "heartbeat_interval_seconds": heartbeat_s},
         }))
         self.masters: dict[str, tuple[subprocess.Popen, int]] = {}
+        self._ports: dict[str, int] = {}
         self.workers: dict[str, subprocess.Popen] = {}
         self.metadata = EtcdMetadataStore(self.etcd.endpoint)
         self.set_global(GlobalConfig(reassign_delay_s=reassign_delay_s, strategy=strategy))
@@ -89,7 +90,8 @@ class SpeedLayerCluster:
         self.etcd.start()
 
     def start_master(self, master_id: str, env: dict[str, str] | None = None) -> int:
-        port = free_port()
+        """Start (or restart, on the port it had) master `master_id`; clients know masters by address."""
+        port = self._ports.setdefault(master_id, free_port())
         log = open(self.root / f"master-{master_id}.log", "ab")
         process = subprocess.Popen(
             [sys.executable, "-m", "speedlayer", "master", "--config", str(self.config_path), "--id", master_id,
@@ -101,7 +103,8 @@ class SpeedLayerCluster:
 
     @property
     def master_addresses(self) -> list[str]:
-        return [f"127.0.0.1:{port}" for _, port in self.masters.values()]
+        """Every master this cluster ever started (a killed one may come back on its port)."""
+        return [f"127.0.0.1:{port}" for port in self._ports.values()]
 
     def start_worker(self, tenant: str, worker_id: str, memory_mb: int = 1024) -> subprocess.Popen:
         log = open(self.root / f"worker-{tenant}-{worker_id}.log", "ab")
