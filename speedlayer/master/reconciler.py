@@ -114,8 +114,8 @@ class Reconciler:
                 self._retire_leaving(record, live)
         for session in self._registry.all():
             self.sync(session)
-        waits = [(grace_end if k in taking_over else since + delay) - now for k, since in lost_since.items()
-                 if k in in_grace]
+        waits = [max(since + delay, grace_end if k in taking_over else 0.0) - now
+                 for k, since in lost_since.items() if k in in_grace]
         return max(0.05, min([IDLE_CHECK_S, *waits]))
 
     def takeover_end(self) -> float:
