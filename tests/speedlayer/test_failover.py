@@ -83,7 +83,10 @@ def test_leader_killed_during_admission_retry_returns_same_epoch(cluster, table)
     assert outcome.get("error") == grpc.StatusCode.UNAVAILABLE, outcome
 
     retry = cluster.client().admit(request)
-    assert retry.epoch_id == planned.epoch and retry.status == "ASSIGNED"
+    # The same epoch. ASSIGNED at once when the new leader still sees the workers registered;
+    # PLANNED when their (3 s) leases lapsed before it took over and they have not reconnected
+    # yet: the new leader then assigns it as they register.
+    assert retry.epoch_id == planned.epoch and retry.status in ("ASSIGNED", "PLANNED"), retry
     assert cluster.leader_id() in ("m2", "m3")
     assert set(two_ready(cluster, retry.epoch_id).values()) == {ROWS}
 
