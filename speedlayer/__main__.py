@@ -1,0 +1,117 @@
+"""`python -m speedlayer master|worker|admin ...`: run a master, run a worker, or administer.
+
+    python -m speedlayer master --config conf/speedlayer.yaml [--id m1] [--port 7701]
+    python -m speedlayer worker --tenant acme --id w1 --masters 127.0.0.1:7701,127.0.0.1:7702
+    python -m speedlayer admin --masters 127.0.0.1:7701 admit --tenant acme --dataset orders --delta /data/orders
+
+Masters and workers run until SIGINT/SIGTERM. Exit codes: 0 after a clean stop, 1 for a
+refused admin request, 2 for a bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+
+from danube_core.errors import ConfigError, DanubeError
+
+from speedlayer import admin
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m speedlayer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    master = sub.add_parser("master", help="run a master")
+    master.add_argument("--config", help="YAML config (conf/speedlayer.yaml)")
+    master.add_argument("--id", help="master id (overrides master.id)")
+    master.add_argument("--port", type=int, help="gRPC port (overrides master.port)")
+    master.add_argument("--metrics-port", type=int, help="Prometheus port (overrides master.metrics_port)")
+    master.add_argument("--log-level", default="INFO")
+    worker = sub.add_parser("worker", help="run a worker")
+    worker.add_argument("--tenant", required=True)
+    worker.add_argument("--id", default=f"{socket.gethostname()}-{os.getpid()}", help="worker id")
+    worker.add_argument("--masters", required=True, help="host:port of the masters (comma-separated)")
+    worker.add_argument("--address", default="", help="address this worker serves queries on (reported)")
+    worker.add_argument("--memory-mb", type=int, default=2048, help="DuckDB memory limit and reported capacity")
+    worker.add_argument("--threads", type=int, default=2, help="DuckDB threads")
+    worker.add_argument("--cpu-cores", type=int, default=os.cpu_count() or 1)
+    worker.add_argument("--storage-options", default="{}",
+                        help='JSON: fsspec options per protocol, e.g. {"s3": {"key": "...", "client_kwargs": {...}}}')
+    worker.add_argument("--metrics-port", type=int)
+    worker.add_argument("--log-level", default="INFO")
+    admin.add_parser(sub)
+    return parser
+
+
+def _until_signal(stop) -> None:
+    done = threading.Event()
+
+    def handler(signum, frame):
+        done.set()
+        stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+def _master(args: argparse.Namespace) -> int:
+    from speedlayer.config import load_master_config
+    from speedlayer.master.server import MasterServer
+    from speedlayer.observability.logs import configure_logging
+
+    config = load_master_config(args.config, {"id": args.id, "port": args.port, "metrics_port": args.metrics_port})
+    configure_logging(args.log_level, role="master", master_id=config.master_id)
+    server = MasterServer(config)
+    _until_signal(server.stop)
+    server.start()
+    server.wait()
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from speedlayer.keys import valid_id
+    from speedlayer.observability.logs import configure_logging
+    from speedlayer.observability.metrics import serve_metrics
+    from speedlayer.worker.agent import WorkerAgent, WorkerConfig
+
+    for name, value in (("--tenant", args.tenant), ("--id", args.id)):
+        if not valid_id(value):
+            raise ConfigError(f"{name} {value!r}: expected 1-128 of letters, digits, '_', '.', '-'")
+    try:
+        storage_options = json.loads(args.storage_options)
+    except ValueError as exc:
+        raise ConfigError(f"--storage-options {args.storage_options!r}: not JSON: {exc}") from exc
+    configure_logging(args.log_level, role="worker", tenant_id=args.tenant, worker_id=args.id)
+    serve_metrics(args.metrics_port)
+    agent = WorkerAgent(WorkerConfig(
+        tenant=args.tenant, worker_id=args.id, masters=args.masters.split(","), address=args.address,
+        memory_bytes=args.memory_mb * 1024 * 1024, cpu_cores=args.cpu_cores, threads=args.threads,
+        storage_options=storage_options))
+    _until_signal(agent.stop)
+    agent.run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "master":
+            return _master(args)
+        if args.command == "worker":
+            return _worker(args)
+        return admin.run(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except DanubeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

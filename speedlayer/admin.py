@@ -1,0 +1,98 @@
+"""Admin CLI: `python -m speedlayer admin --masters h:p[,h:p] admit|status|workers|drain|quota ...`.
+
+Output is JSON (one object), so scripts can read it; a refused request prints the master's
+status code and message to stderr and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from speedlayer.client import ManagementClient, delta_request
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    admin = sub.add_parser("admin", help="admin CLI over the ManagementService")
+    admin.add_argument("--masters", required=True, help="host:port of one or more masters (comma-separated)")
+    admin.add_argument("--deadline-s", type=float, default=30.0, help="give up retrying after this long")
+    commands = admin.add_subparsers(dest="admin_command", required=True)
+    admit = commands.add_parser("admit", help="admit a Delta table (or an Iceberg table) as a dataset")
+    admit.add_argument("--tenant", required=True)
+    admit.add_argument("--dataset", required=True)
+    admit.add_argument("--delta", help="Delta table URI (path, file:// or s3://)")
+    admit.add_argument("--version", type=int, help="Delta version (default: latest)")
+    admit.add_argument("--iceberg", help="Iceberg table as catalog.database.table")
+    admit.add_argument("--partition", action="append", default=[],
+                       help="col=value[,col=value] to load (repeatable; default: every partition)")
+    admit.add_argument("--replication", type=int, default=0)
+    admit.add_argument("--request-id", help="idempotency key (default: a new one; reuse it to retry)")
+    status = commands.add_parser("status", help="a dataset's epochs and their replicas")
+    status.add_argument("--tenant", required=True)
+    status.add_argument("--dataset", required=True)
+    status.add_argument("--epoch", default="")
+    workers = commands.add_parser("workers", help="live workers")
+    workers.add_argument("--tenant", default="")
+    drain = commands.add_parser("drain", help="move a worker's epochs away and tell it to DRAIN")
+    drain.add_argument("--tenant", required=True)
+    drain.add_argument("--worker", required=True)
+    quota = commands.add_parser("quota", help="show or set a tenant's memory quota")
+    quota.add_argument("--tenant", required=True)
+    quota.add_argument("--memory-bytes", type=int, help="new quota (0: unlimited); omit to show")
+    quota.add_argument("--source-root", action="append", default=[], help="table URIs the tenant may admit")
+
+
+def _partitions(values: list[str]) -> list[dict[str, str]]:
+    specs = []
+    for value in values:
+        pairs = [item.split("=", 1) for item in value.split(",")]
+        if any(len(p) != 2 for p in pairs):
+            raise SystemExit(f"--partition {value!r}: expected col=value[,col=value]")
+        specs.append(dict(pairs))
+    return specs
+
+
+def _admit_request(args: argparse.Namespace):
+    from speedlayer.api.v1 import management_service_pb2 as mg
+
+    request_id = args.request_id or uuid.uuid4().hex
+    if args.iceberg:
+        parts = args.iceberg.split(".")
+        if len(parts) != 3:
+            raise SystemExit(f"--iceberg {args.iceberg!r}: expected catalog.database.table")
+        source = mg.DataSourceIdentifier(iceberg_table=mg.IcebergTable(catalog=parts[0], database=parts[1], table=parts[2]))
+        return mg.AdmitDatasetRequest(tenant_id=args.tenant, dataset_id=args.dataset, source=source,
+                                      request_id=request_id, replication=args.replication,
+                                      partitions_to_load=[mg.PartitionSpec(values=p) for p in _partitions(args.partition)])
+    if not args.delta:
+        raise SystemExit("admit: give --delta URI or --iceberg catalog.database.table")
+    return delta_request(args.tenant, args.dataset, args.delta, request_id=request_id,
+                         partitions=_partitions(args.partition), replication=args.replication, version=args.version)
+
+
+def run(args: argparse.Namespace) -> int:
+    client = ManagementClient(args.masters, deadline_s=args.deadline_s)
+    try:
+        command = args.admin_command
+        if command == "admit":
+            reply = client.admit(_admit_request(args))
+        elif command == "status":
+            reply = client.status(args.tenant, args.dataset, args.epoch)
+        elif command == "workers":
+            reply = client.workers(args.tenant)
+        elif command == "drain":
+            reply = client.drain(args.tenant, args.worker)
+        else:
+            reply = client.quota(args.tenant, args.memory_bytes, args.source_root)
+    except grpc.RpcError as exc:
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2, sort_keys=True))
+    return 0

@@ -1,0 +1,1 @@
+"""Generated Protobuf/gRPC code of the speed layer API, package `speedlayer.v1`."""

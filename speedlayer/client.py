@@ -1,0 +1,93 @@
+"""`ManagementClient`: the ManagementService from any master, following the leader.
+
+Given one or more master addresses, each call goes to the last known leader; a follower's
+UNAVAILABLE names the leader (`leader-address`), so the client goes there after the
+`retry-after-ms` hint; an unreachable master makes it try the next. Retries end at
+`deadline_s`; other errors are raised as `grpc.RpcError` with the master's status code.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import grpc
+
+from speedlayer.api.v1 import management_service_pb2 as mg
+from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc
+from speedlayer.transport.leader_gate import leader_hint
+
+logger = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                   ("grpc.max_send_message_length", 64 * 1024 * 1024)]
+
+
+class ManagementClient:
+    def __init__(self, masters: str | list[str], *, deadline_s: float = 30.0, call_timeout_s: float = 10.0) -> None:
+        self.masters = [m.strip() for m in (masters.split(",") if isinstance(masters, str) else masters) if m.strip()]
+        if not self.masters:
+            raise ValueError("masters: expected at least one host:port")
+        self.deadline_s, self.call_timeout_s = deadline_s, call_timeout_s
+        self._target = self.masters[0]
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def _stub(self, target: str) -> mg_grpc.ManagementServiceStub:
+        if target not in self._channels:
+            self._channels[target] = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        return mg_grpc.ManagementServiceStub(self._channels[target])
+
+    def call(self, method: str, request: Any) -> Any:
+        deadline = time.monotonic() + self.deadline_s
+        index = self.masters.index(self._target) if self._target in self.masters else 0
+        while True:
+            try:
+                return getattr(self._stub(self._target), method)(request, timeout=self.call_timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                leader, retry_ms = leader_hint(exc)
+                if time.monotonic() + retry_ms / 1000 > deadline:
+                    raise
+                if leader:
+                    self._target = leader
+                else:
+                    index = (index + 1) % len(self.masters)
+                    self._target = self.masters[index]
+                logger.debug("%s: %s; next try at %s in %d ms", method, exc.details(), self._target, retry_ms)
+                time.sleep(min(retry_ms, 2000) / 1000)
+
+    def admit(self, request: mg.AdmitDatasetRequest) -> mg.AdmitDatasetResponse:
+        return self.call("AdmitDataset", request)
+
+    def status(self, tenant: str, dataset: str, epoch: str = "") -> mg.DatasetStatusResponse:
+        return self.call("DatasetStatus", mg.DatasetStatusRequest(tenant_id=tenant, dataset_id=dataset, epoch_id=epoch))
+
+    def workers(self, tenant: str = "") -> mg.ListWorkersResponse:
+        return self.call("ListWorkers", mg.ListWorkersRequest(tenant_id=tenant))
+
+    def drain(self, tenant: str, worker: str) -> mg.DrainWorkerResponse:
+        return self.call("DrainWorker", mg.DrainWorkerRequest(tenant_id=tenant, worker_id=worker))
+
+    def quota(self, tenant: str, memory_quota_bytes: int | None = None,
+              source_roots: list[str] | None = None) -> mg.TenantQuotaResponse:
+        request = mg.SetTenantQuotaRequest(tenant_id=tenant, memory_quota_bytes=memory_quota_bytes or 0,
+                                           read_only=memory_quota_bytes is None and not source_roots,
+                                           source_roots=source_roots or [])
+        return self.call("SetTenantQuota", request)
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+
+
+def delta_request(tenant: str, dataset: str, table_uri: str, *, request_id: str = "",
+                  partitions: list[dict[str, str]] | None = None, replication: int = 0,
+                  version: int | None = None) -> mg.AdmitDatasetRequest:
+    """An AdmitDatasetRequest for a Delta table (latest version unless `version`)."""
+    source = mg.DataSourceIdentifier(delta_table=mg.DeltaTable(
+        table_uri=table_uri, version=version or 0, pin_version=version is not None))
+    return mg.AdmitDatasetRequest(tenant_id=tenant, dataset_id=dataset, source=source, request_id=request_id,
+                                  replication=replication,
+                                  partitions_to_load=[mg.PartitionSpec(values=p) for p in partitions or []])

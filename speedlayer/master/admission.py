@@ -1,0 +1,213 @@
+"""The Admission Controller (seed §6): validate, resolve into a LoadPlan, check quotas, persist,
+assign. Every transition goes to the audit trail.
+
+Idempotency: an epoch's id is derived from the tenant, the dataset, the source table, the
+partitions asked for and the table version it resolved to, so the same request on the same
+table version names the same epoch on any master. A caller's `request_id` (idempotency key) is
+remembered under `/requests/{tenant}/{request_id}`: a retry with it returns that epoch even
+if the table moved on. A record left PENDING or PLANNED by a leader that died is resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import Callable
+
+from speedlayer.api.v1 import control_plane_service_pb2 as cp
+from speedlayer.api.v1 import management_service_pb2 as mg
+from speedlayer.catalog import Connector, PartitionFilter, ResolvedTable, source_kind
+from speedlayer.errors import (
+    InvalidRequestError, NotFoundError, TenantIsolationError, UnsupportedSourceError,
+)
+from speedlayer.keys import valid_id
+from speedlayer.master.quotas import check_quotas
+from speedlayer.master.state import ClusterState, ConfigView
+from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
+from speedlayer.observability.audit import AuditEvent, AuditLogger
+from speedlayer.observability.metrics import ADMISSIONS, ASSIGNMENT_DURATION
+from speedlayer.records import ASSIGNED, FAILED, PENDING, PLANNED, AssignmentRecord, Replica
+
+logger = logging.getLogger(__name__)
+
+MAX_REPLICATION = 16
+# Fault injection for the failover tests: pause after PLANNED is persisted, before ASSIGNED.
+PAUSE_ENV = "SPEEDLAYER_FAULT_PAUSE_AFTER_PLANNED_S"
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def partition_filter(request: mg.AdmitDatasetRequest) -> PartitionFilter:
+    wanted = []
+    for index, spec in enumerate(request.partitions_to_load):
+        if not spec.values:
+            raise InvalidRequestError(f"partitions_to_load[{index}] is empty: give column -> value pairs")
+        wanted.append(dict(spec.values))
+    return wanted
+
+
+def validate(request: mg.AdmitDatasetRequest) -> None:
+    for name in ("tenant_id", "dataset_id"):
+        if not valid_id(getattr(request, name)):
+            raise InvalidRequestError(
+                f"{name}={getattr(request, name)!r}: expected 1-128 of letters, digits, '_', '.', '-'"
+            )
+    if request.request_id and not valid_id(request.request_id):
+        raise InvalidRequestError(f"request_id={request.request_id!r}: expected 1-128 of letters, digits, '_', '.', '-'")
+    if not 0 <= request.replication <= MAX_REPLICATION:
+        raise InvalidRequestError(f"replication={request.replication}: expected 0 (default) to {MAX_REPLICATION}")
+    kind = source_kind(request.source)
+    if kind == "olap_table":
+        raise UnsupportedSourceError("the OLAP (StarRocks) source of seed 002 is not implemented; "
+                                     "admit a delta_table or an iceberg_table")
+    if kind == "delta_table" and not request.source.delta_table.table_uri:
+        raise InvalidRequestError("source.delta_table.table_uri is empty")
+    if kind == "iceberg_table":
+        table = request.source.iceberg_table
+        if not (table.catalog and table.database and table.table):
+            raise InvalidRequestError("source.iceberg_table needs catalog, database and table")
+
+
+class AdmissionController:
+    """`admit(request)` -> AdmitDatasetResponse; raises SpeedLayerError subclasses."""
+
+    def __init__(self, state: ClusterState, config: ConfigView, connectors: dict[str, Connector],
+                 strategy: Callable[[], AssignmentStrategy], candidates: Callable[[str], list[Candidate]],
+                 audit: AuditLogger, master_id: str, placed: Callable[[], None]) -> None:
+        self._state, self._config, self._connectors = state, config, connectors
+        self._strategy, self._candidates = strategy, candidates
+        self._audit, self._master_id, self._placed = audit, master_id, placed
+
+    def admit(self, request: mg.AdmitDatasetRequest) -> mg.AdmitDatasetResponse:
+        started = time.perf_counter()
+        try:
+            response = self._admit(request)
+        except Exception:
+            ADMISSIONS.labels(outcome="refused").inc()
+            raise
+        ADMISSIONS.labels(outcome=response.status).inc()
+        if response.status == ASSIGNED:
+            ASSIGNMENT_DURATION.observe(time.perf_counter() - started)
+        return response
+
+    def _admit(self, request: mg.AdmitDatasetRequest) -> mg.AdmitDatasetResponse:
+        validate(request)
+        tenant, dataset = request.tenant_id, request.dataset_id
+        wanted = partition_filter(request)
+        if request.request_id:
+            known = self._state.metadata.get(self._state.keys.request(tenant, request.request_id))
+            record = self._state.record(tenant, dataset, known.decode()) if known else None
+            if record is not None and record.status != PENDING:
+                return self._continue(record, None)
+        kind = source_kind(request.source)
+        connector = self._connectors.get(kind)
+        if connector is None:
+            raise UnsupportedSourceError(f"no {kind} connector is configured on this master")
+        self._check_roots(tenant, request.source)
+        resolved = connector.resolve(request.source, wanted)
+        epoch = f"v{resolved.version}-{_digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:12]}"
+        request_id = request.request_id or _digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:20]
+        existing = self._state.record(tenant, dataset, epoch)
+        if existing is None:
+            existing = self._create(request, resolved, epoch, request_id)
+        self._state.metadata.put(self._state.keys.request(tenant, request_id), epoch.encode())
+        return self._continue(existing, resolved)
+
+    def _check_roots(self, tenant: str, source: mg.DataSourceIdentifier) -> None:
+        roots = self._config.tenant(tenant).source_roots
+        if not roots or source_kind(source) != "delta_table":
+            return
+        from speedlayer.catalog.delta import normalize_table_uri
+
+        uri = normalize_table_uri(source.delta_table.table_uri)
+        if not any(uri == r.rstrip("/") or uri.startswith(r.rstrip("/") + "/") for r in roots):
+            raise TenantIsolationError(f"tenant {tenant} may not admit {uri}: outside its source roots {list(roots)}")
+
+    def _create(self, request: mg.AdmitDatasetRequest, resolved: ResolvedTable, epoch: str,
+                request_id: str) -> AssignmentRecord:
+        tenant = request.tenant_id
+        global_config, tenant_config = self._config.global_config, self._config.tenant(tenant)
+        replication = request.replication or tenant_config.replication_factor or global_config.replication_factor
+        estimate = int(resolved.total_bytes * global_config.memory_expansion_factor)
+        records, _, _, _ = self._state.snapshot()
+        check_quotas(records, tenant, tenant_config, global_config, estimate * replication)
+        record = AssignmentRecord(
+            tenant=tenant, dataset=request.dataset_id, epoch=epoch, request_id=request_id, status=PENDING,
+            version=resolved.version, total_rows=resolved.total_rows, file_count=resolved.file_count,
+            estimated_memory_bytes=estimate, replication=replication,
+        )
+        created = self._state.create_record(record)
+        if created.status == PENDING and created.request_id == request_id:
+            self._audit_status(created, {"request_id": request_id, "files": resolved.file_count,
+                                         "estimated_bytes": estimate})
+        return created
+
+    def _continue(self, record: AssignmentRecord, resolved: ResolvedTable | None) -> mg.AdmitDatasetResponse:
+        """Drive `record` on from wherever it stands (a retry may find it half done)."""
+        if record.status == PENDING:
+            if resolved is None:
+                raise NotFoundError(f"epoch {record.epoch} is PENDING and its request must be sent "
+                                    "again with its source to be planned")
+            record = self._plan(record, resolved)
+        if record.status == PLANNED:
+            record = self._assign(record)
+        return mg.AdmitDatasetResponse(epoch_id=record.epoch, message=record.message, status=record.status,
+                                       request_id=record.request_id)
+
+    def _plan(self, record: AssignmentRecord, resolved: ResolvedTable) -> AssignmentRecord:
+        plan = cp.LoadPlan(
+            plan_id=f"{record.tenant}/{record.dataset}/{record.epoch}", source=resolved.source,
+            destination_table_name=f"{record.dataset}__{record.epoch}".replace("-", "_").replace(".", "_"),
+            arrow_schema=resolved.arrow_schema, tenant_id=record.tenant, dataset_id=record.dataset,
+            epoch_id=record.epoch, estimated_memory_bytes=record.estimated_memory_bytes,
+            total_rows=resolved.total_rows, partition_columns=resolved.partition_columns,
+        )
+        self._state.put_plan(plan)
+        updated = self._state.update_record(record.tenant, record.dataset, record.epoch,
+                                            lambda r: replace(r, status=PLANNED) if r.status == PENDING else None)
+        self._audit_status(updated, {"plan_id": plan.plan_id})
+        pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
+        if pause > 0:
+            logger.warning("fault injection: pausing %.1fs after PLANNED", pause)
+            time.sleep(pause)
+        return updated
+
+    def _assign(self, record: AssignmentRecord) -> AssignmentRecord:
+        summary = PlanSummary(record.tenant, record.dataset, record.epoch, record.estimated_memory_bytes)
+        chosen = self._strategy().select(summary, self._candidates(record.tenant), record.replication)
+
+        def assign(current: AssignmentRecord) -> AssignmentRecord | None:
+            if current.status != PLANNED:
+                return None
+            if not chosen:
+                return replace(current, message=f"no eligible worker of tenant {current.tenant} yet; "
+                                                "assigned when one registers")
+            note = "" if len(chosen) >= current.replication else (
+                f"{len(chosen)} of {current.replication} replicas placed; more when workers register")
+            return replace(current, status=ASSIGNED, message=note,
+                           replicas={w: Replica() for w in chosen})
+
+        updated = self._state.update_record(record.tenant, record.dataset, record.epoch, assign)
+        if updated.status == ASSIGNED:
+            self._audit_status(updated, {"workers": sorted(updated.replicas)})
+            self._placed()
+        return updated
+
+    def fail(self, record: AssignmentRecord, why: str) -> None:
+        updated = self._state.update_record(record.tenant, record.dataset, record.epoch,
+                                            lambda r: replace(r, status=FAILED, message=why))
+        if updated is not None:
+            self._audit_status(updated, {"reason": why})
+
+    def _audit_status(self, record: AssignmentRecord, detail: dict) -> None:
+        self._audit.record(AuditEvent(kind=f"admission.{record.status}", tenant=record.tenant,
+                                      dataset=record.dataset, epoch=record.epoch,
+                                      master_id=self._master_id, detail=detail))
+        logger.info("epoch %s of %s/%s is %s", record.epoch, record.tenant, record.dataset, record.status,
+                    extra={"tenant_id": record.tenant, "dataset_id": record.dataset, "epoch_id": record.epoch})

@@ -1,0 +1,91 @@
+"""Rebalancing as pure arithmetic: current placement + live workers in, next placement out.
+
+Run by the leader whenever workers come or go (level-triggered: a balanced placement yields no
+change). Per tenant, three steps, each moving as little as possible:
+1. replicas on workers that are gone (past the reassignment delay) or draining are dropped;
+   replicas on workers in their grace period (`keep`) stay;
+2. epochs below their replication get replicas from the strategy, among eligible workers;
+3. balance: while a worker holds more than ceil(mean) replicas and another fewer than
+   floor(mean), one replica moves from the first to the second. A worker joining N-1 others
+   therefore takes about 1/N of the replicas and nothing else moves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
+
+
+@dataclass(frozen=True)
+class EpochPlacement:
+    plan: PlanSummary
+    replication: int
+    workers: tuple[str, ...]
+
+
+def next_placement(epochs: list[EpochPlacement], candidates: list[Candidate], keep: set[tuple[str, str]],
+                   strategy: AssignmentStrategy) -> dict[str, tuple[str, ...]]:
+    """`{epoch key: workers}` for every epoch whose workers change. `keep`: (tenant, worker)
+    pairs whose replicas stay although they are not candidates (grace period, another
+    master's sessions)."""
+    changed: dict[str, tuple[str, ...]] = {}
+    for tenant in sorted({e.plan.tenant for e in epochs}):
+        mine = [e for e in epochs if e.plan.tenant == tenant]
+        pool = {c.worker_id: c for c in candidates if c.tenant == tenant}
+        placed = _drop_and_fill(mine, pool, keep, strategy)
+        _balance(mine, placed, pool)
+        for epoch in mine:
+            if placed[epoch.plan.key] != epoch.workers:
+                changed[epoch.plan.key] = placed[epoch.plan.key]
+    return changed
+
+
+def _drop_and_fill(epochs: list[EpochPlacement], pool: dict[str, Candidate], keep: set[tuple[str, str]],
+                   strategy: AssignmentStrategy) -> dict[str, tuple[str, ...]]:
+    usable = {w for w, c in pool.items() if not c.draining}
+    placed: dict[str, tuple[str, ...]] = {}
+    for epoch in epochs:
+        workers = tuple(w for w in epoch.workers if w in usable or (epoch.plan.tenant, w) in keep)
+        missing = epoch.replication - len(workers)
+        if missing > 0:
+            extra = strategy.select(epoch.plan, list(pool.values()), missing, exclude=set(workers))
+            for worker in extra:
+                _charge(pool, worker, epoch.plan.estimated_bytes)
+            workers += tuple(extra)
+        placed[epoch.plan.key] = workers
+    return placed
+
+
+def _charge(pool: dict[str, Candidate], worker: str, size: int, sign: int = 1) -> None:
+    c = pool[worker]
+    pool[worker] = replace(c, assigned_bytes=c.assigned_bytes + sign * size,
+                           epoch_count=c.epoch_count + sign)
+
+
+def _balance(epochs: list[EpochPlacement], placed: dict[str, tuple[str, ...]], pool: dict[str, Candidate]) -> None:
+    targets = sorted(w for w, c in pool.items() if not c.draining)
+    if len(targets) < 2:
+        return
+    sizes = {e.plan.key: e.plan.estimated_bytes for e in epochs}
+    while True:
+        load = {w: 0 for w in targets}
+        for workers in placed.values():
+            for w in workers:
+                if w in load:
+                    load[w] += 1
+        total = sum(load.values())
+        high, low = math.ceil(total / len(targets)), math.floor(total / len(targets))
+        donor = max(targets, key=lambda w: (load[w], w))
+        taker = min(targets, key=lambda w: (load[w], w))
+        if load[donor] <= high and load[taker] >= low or load[donor] - load[taker] <= 1:
+            return
+        movable = sorted(k for k, ws in placed.items() if donor in ws and taker not in ws
+                         and pool[taker].fits(sizes[k]))
+        if not movable:
+            return
+        key = movable[0]
+        placed[key] = tuple(taker if w == donor else w for w in placed[key])
+        _charge(pool, donor, sizes[key], -1)
+        _charge(pool, taker, sizes[key])

@@ -1,0 +1,37 @@
+"""Memory quotas (seed §8): a tenant's and the cluster's budgets against live epochs' estimates.
+
+An epoch counts `estimated_memory_bytes x replication`: every replica occupies a worker's
+memory. FAILED epochs count nothing. Checked before anything of a new epoch is persisted.
+"""
+
+from __future__ import annotations
+
+from speedlayer.errors import PreconditionError
+from speedlayer.records import AssignmentRecord, GlobalConfig, TenantConfig
+
+
+def footprint(record: AssignmentRecord) -> int:
+    return record.estimated_memory_bytes * record.replication if record.live else 0
+
+
+def tenant_usage(records: list[AssignmentRecord], tenant: str) -> int:
+    return sum(footprint(r) for r in records if r.tenant == tenant)
+
+
+def check_quotas(records: list[AssignmentRecord], tenant: str, tenant_config: TenantConfig,
+                 global_config: GlobalConfig, new_bytes: int) -> None:
+    """PreconditionError (FAILED_PRECONDITION) naming the budget `new_bytes` would exceed."""
+    used = tenant_usage(records, tenant)
+    limit = tenant_config.memory_quota_bytes
+    if limit > 0 and used + new_bytes > limit:
+        raise PreconditionError(
+            f"tenant {tenant} memory quota exceeded: {used} bytes in use + {new_bytes} estimated "
+            f"for this epoch (replicas included) > quota {limit} bytes (/tenants/{tenant}/config)"
+        )
+    total = sum(footprint(r) for r in records)
+    limit = global_config.memory_quota_bytes
+    if limit > 0 and total + new_bytes > limit:
+        raise PreconditionError(
+            f"global memory quota exceeded: {total} bytes in use + {new_bytes} estimated for this "
+            f"epoch (replicas included) > quota {limit} bytes (/config/global)"
+        )

@@ -1,0 +1,204 @@
+"""The leader's placement loop: keeps every live epoch placed and every connected worker in sync.
+
+Level-triggered: each pass reads the leader's `ClusterState`, computes the next placement
+(`placement.next_placement`), persists changed records, then tells each connected worker what
+to load or drop. Woken by any change (worker joined or lost, drain, admission, config) and by
+the end of a lost worker's grace period (`reassign_delay_s`), so a quick restart keeps its
+epochs and causes no reload storm.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from typing import Callable
+
+from danube_core.errors import DanubeError
+
+from speedlayer.master.placement import EpochPlacement, next_placement
+from speedlayer.master.state import ClusterState, ConfigView
+from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
+from speedlayer.observability.audit import AuditEvent, AuditLogger
+from speedlayer.observability.metrics import WORKERS_REGISTERED
+from speedlayer.records import ASSIGNED, PLANNED, R_FAILED, R_READY, AssignmentRecord, Replica, WorkerRecord
+from speedlayer.transport.streams import StreamRegistry, WorkerSession
+
+logger = logging.getLogger(__name__)
+
+IDLE_CHECK_S = 1.0
+
+
+def candidates_of(records: list[AssignmentRecord], sessions: list[WorkerSession],
+                  registered: dict[tuple[str, str], WorkerRecord],
+                  draining: set[tuple[str, str]]) -> list[Candidate]:
+    """Live workers as placement candidates, with what records already put on them: those
+    connected here, and those still registered in etcd (e.g. reconnecting after a leader
+    change: they get their plans when they connect)."""
+    assigned: dict[tuple[str, str], tuple[int, int]] = {}
+    for record in records:
+        if record.live:
+            for worker in record.replicas:
+                size, count = assigned.get((record.tenant, worker), (0, 0))
+                assigned[(record.tenant, worker)] = (size + record.estimated_memory_bytes, count + 1)
+    memory = {key: w.memory_bytes for key, w in registered.items()}
+    memory.update({s.key: s.capacity.memory_bytes for s in sessions if not s.closed})
+    return [Candidate(worker_id=key[1], tenant=key[0], memory_bytes=size,
+                      assigned_bytes=assigned.get(key, (0, 0))[0], epoch_count=assigned.get(key, (0, 0))[1],
+                      draining=key in draining)
+            for key, size in sorted(memory.items())]
+
+
+class Reconciler:
+    def __init__(self, state: ClusterState, registry: StreamRegistry, config: ConfigView,
+                 strategy: Callable[[], AssignmentStrategy], audit: AuditLogger, master_id: str,
+                 takeover_grace_s: float = 0.0) -> None:
+        self._state, self._registry, self._config = state, registry, config
+        # After an election, workers need up to a lease TTL, an election and a reconnect backoff
+        # to find the new leader; until then (plus the reassignment delay) none of them counts
+        # as lost: a new leader reconciles, it does not reassign everything.
+        self._takeover_grace_s = takeover_grace_s
+        self._strategy, self._audit, self._master_id = strategy, audit, master_id
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            timeout = IDLE_CHECK_S
+            try:
+                timeout = self.run_once()
+            except DanubeError as exc:
+                logger.warning("reconciliation pass failed, retrying: %s", exc)
+            except Exception:
+                logger.exception("reconciliation pass failed")
+            self._wake.wait(timeout)
+
+    def run_once(self) -> float:
+        """One pass; returns how long to wait before the next unless woken."""
+        records, workers, lost_since, draining = self._state.snapshot()
+        sessions = self._registry.all()
+        connected = {s.key for s in sessions if not s.closed}
+        delay = self._config.global_config.reassign_delay_s
+        now = time.monotonic()
+        grace_end = self.takeover_end()
+        taking_over = self._state.known_at_takeover if now < grace_end else set()
+        in_grace = {k for k, since in lost_since.items()
+                    if (now - since < delay or k in taking_over) and k not in connected}
+        keep = in_grace
+        self._update_gauges(sessions)
+        candidates = candidates_of(records, sessions, self._state.placeable_workers(now < grace_end), draining)
+        epochs = [EpochPlacement(PlanSummary(r.tenant, r.dataset, r.epoch, r.estimated_memory_bytes),
+                                 r.replication, r.staying())
+                  for r in records if r.status in (PLANNED, ASSIGNED)]
+        by_key = {f"{r.tenant}/{r.dataset}/{r.epoch}": r for r in records}
+        live = set(workers) | connected
+        for key, workers_next in next_placement(epochs, candidates, keep, self._strategy()).items():
+            self._move(by_key[key], workers_next, live)
+        for record in self._state.snapshot()[0]:
+            if any(r.leaving for r in record.replicas.values()):
+                self._retire_leaving(record, live)
+        for session in self._registry.all():
+            self.sync(session)
+        waits = [max(since + delay, grace_end if k in taking_over else 0.0) - now
+                 for k, since in lost_since.items() if k in in_grace]
+        return max(0.05, min([IDLE_CHECK_S, *waits]))
+
+    def takeover_end(self) -> float:
+        """Monotonic time until which this new leader counts no previously registered worker as lost."""
+        return self._state.loaded_at + self._takeover_grace_s + self._config.global_config.reassign_delay_s
+
+    def _update_gauges(self, sessions: list[WorkerSession]) -> None:
+        counts: dict[str, int] = {}
+        for session in sessions:
+            counts[session.tenant] = counts.get(session.tenant, 0) + 1
+        for tenant in set(counts) | set(self._config.tenants):
+            WORKERS_REGISTERED.labels(tenant=tenant).set(counts.get(tenant, 0))
+
+    def _move(self, record: AssignmentRecord, workers: tuple[str, ...], live: set[tuple[str, str]]) -> None:
+        """Place `record` on `workers`. A READY replica on a live worker that is no longer
+        wanted becomes `leaving` (still held and queryable) instead of being dropped at once."""
+        def change(current: AssignmentRecord) -> AssignmentRecord | None:
+            if current.staying() != record.staying():
+                return None  # changed since the snapshot; the next pass looks again
+            replicas = {w: replace(current.replicas.get(w, Replica()), leaving=False) for w in workers}
+            for worker, replica in current.replicas.items():
+                if worker in replicas:
+                    continue
+                if replica.state == R_READY and (current.tenant, worker) in live and replicas:
+                    replicas[worker] = replace(replica, leaving=True)
+            status = ASSIGNED if replicas else current.status
+            return replace(current, replicas=replicas, status=status,
+                           message="" if len(workers) >= current.replication else current.message)
+
+        updated = self._state.update_record(record.tenant, record.dataset, record.epoch, change)
+        if updated is None or set(updated.staying()) != set(workers):
+            return
+        added = sorted(set(workers) - set(record.staying()))
+        removed = sorted(set(record.staying()) - set(workers))
+        kind = "admission.ASSIGNED" if record.status == PLANNED else "assignment.moved"
+        self._audit.record(AuditEvent(kind=kind, tenant=record.tenant, dataset=record.dataset,
+                                      epoch=record.epoch, master_id=self._master_id,
+                                      detail={"added": added, "removed": removed}))
+        logger.info("epoch %s of %s/%s: +%s -%s", record.epoch, record.tenant, record.dataset, added, removed,
+                    extra={"tenant_id": record.tenant, "epoch_id": record.epoch})
+
+    def _retire_leaving(self, record: AssignmentRecord, live: set[tuple[str, str]]) -> None:
+        """Drop leaving replicas once their replacements are READY (or the worker is gone)."""
+        def change(current: AssignmentRecord) -> AssignmentRecord | None:
+            staying = [r for r in current.replicas.values() if not r.leaving]
+            done = sum(r.state in (R_READY, R_FAILED) for r in staying) >= len(staying)
+            replicas = {w: r for w, r in current.replicas.items()
+                        if not r.leaving or (not done and (current.tenant, w) in live)}
+            return replace(current, replicas=replicas) if replicas != current.replicas else None
+
+        self._state.update_record(record.tenant, record.dataset, record.epoch, change)
+
+    def sync(self, session: WorkerSession) -> None:
+        """Send `session` the plans it should hold and has not got; drop what it should not hold."""
+        if session.closed:
+            return
+        desired = {f"{r.dataset}/{r.epoch}": r for r in self._state.snapshot()[0]
+                   if r.tenant == session.tenant and r.live and session.worker_id in r.replicas}
+        for ref, record in desired.items():
+            replica = record.replicas[session.worker_id]
+            if ref in session.sent or ref in session.held or replica.state == R_FAILED:
+                continue
+            plan = self._state.get_plan(record.tenant, record.dataset, record.epoch)
+            if plan is None:
+                logger.error("epoch %s has no plan at %s", record.epoch,
+                             self._state.keys.plan(record.tenant, record.dataset, record.epoch))
+                continue
+            session.sent.add(ref)
+            session.send(data_assignment=_assignment(record, plan))
+        for ref in sorted((set(session.held) | session.sent) - set(desired)):
+            dataset, _, epoch = ref.partition("/")
+            session.held.pop(ref, None)
+            session.sent.discard(ref)
+            session.send(data_unassignment=_unassignment(dataset, epoch))
+
+
+def _assignment(record: AssignmentRecord, plan):
+    from speedlayer.api.v1 import control_plane_service_pb2 as cp
+
+    return cp.DataAssignmentEvent(dataset_id=record.dataset, epoch_id=record.epoch, load_plan=plan)
+
+
+def _unassignment(dataset: str, epoch: str):
+    from speedlayer.api.v1 import control_plane_service_pb2 as cp
+
+    return cp.DataUnassignmentEvent(dataset_id=dataset, epoch_id=epoch, reason="placed elsewhere")

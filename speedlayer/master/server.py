@@ -1,0 +1,222 @@
+"""A master process: membership, election, the gRPC services, and the leader's runtime.
+
+Every master registers `/masters/{id}` (leased) and campaigns for `/election/master`. The
+leader builds a `LeaderRuntime` (cluster state loaded from etcd, worker directory, admission,
+reconciler); when deposed it drops it and closes its workers' streams, so they reconnect to
+the new leader. Followers serve reads and answer everything else UNAVAILABLE naming the leader.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+from danube_core.election import LeaseElection
+from danube_core.errors import DanubeError
+from danube_core.metadata import EtcdMetadataStore, Lease
+
+from speedlayer.api.v1 import control_plane_service_pb2_grpc as cp_grpc
+from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc
+from speedlayer.catalog import Connector
+from speedlayer.catalog.delta import DeltaConnector
+from speedlayer.config import MasterConfig
+from speedlayer.errors import NotLeaderError
+from speedlayer.keys import SpeedLayerKeys
+from speedlayer.master.admission import AdmissionController
+from speedlayer.master.reconciler import Reconciler, candidates_of
+from speedlayer.master.state import ClusterState, ConfigView
+from speedlayer.master.strategies import AssignmentStrategy, strategy_named
+from speedlayer.master.workers import WorkerDirectory
+from speedlayer.observability.audit import AuditEvent, AuditLogger, JsonlAuditLogger
+from speedlayer.observability.metrics import LEADER_STATUS, TimedMetadataStore, serve_metrics
+from speedlayer.transport.control_plane import ControlPlaneServicer
+from speedlayer.transport.management import ManagementServicer
+from speedlayer.transport.streams import StreamRegistry
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # plans of many thousand files
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Keepalive pings every 15 s (seed §9.2) detect half-open worker connections.
+    ("grpc.keepalive_time_ms", 15_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+class LeaderRuntime:
+    """Everything only the leader runs; built on election, dropped on deposition."""
+
+    def __init__(self, server: "MasterServer") -> None:
+        self.registry = StreamRegistry()
+        self.state = ClusterState(server.metadata, server.keys, self._changed)
+        from speedlayer.worker.agent import MAX_BACKOFF_S
+
+        grace = 3 * server.config.heartbeat_interval_seconds + server.config.election_ttl_seconds + MAX_BACKOFF_S
+        self.reconciler = Reconciler(self.state, self.registry, server.config_view, server.strategy,
+                                     server.audit, server.config.master_id, takeover_grace_s=grace)
+        self.directory = WorkerDirectory(self.state, self.registry, server.config.master_id,
+                                         server.config.heartbeat_interval_seconds, self._changed)
+        self.admission = AdmissionController(
+            self.state, server.config_view, server.connectors, server.strategy,
+            self._candidates,
+            server.audit, server.config.master_id, self._changed)
+
+    def _changed(self) -> None:
+        self.reconciler.wake()
+
+    def _candidates(self, tenant: str):
+        records, _, _, draining = self.state.snapshot()
+        workers = self.state.placeable_workers(time.monotonic() < self.reconciler.takeover_end())
+        return [c for c in candidates_of(records, self.registry.all(), workers, draining) if c.tenant == tenant]
+
+    def start(self) -> None:
+        self.state.load()
+        self.reconciler.start()
+
+    def stop(self) -> None:
+        self.reconciler.stop()
+        self.registry.close_all()
+        self.state.close()
+
+
+class MasterServer:
+    def __init__(self, config: MasterConfig, audit: AuditLogger | None = None) -> None:
+        self.config = config
+        self.keys = SpeedLayerKeys(config.key_root)
+        self.audit = audit or JsonlAuditLogger(config.audit_log or f"speedlayer-audit-{config.master_id}.jsonl")
+        self._store = EtcdMetadataStore(config.etcd_endpoints)
+        self.metadata = TimedMetadataStore(self._store)
+        self.config_view = ConfigView(self.metadata, self.keys, self._config_changed)
+        self.connectors: dict[str, Connector] = {"delta_table": DeltaConnector(config.delta_storage_options)}
+        if config.iceberg_catalogs:
+            from speedlayer.catalog.iceberg import IcebergConnector
+
+            self.connectors["iceberg_table"] = IcebergConnector(config.iceberg_catalogs)
+        self._strategy_name = ""
+        self._strategy: AssignmentStrategy | None = None
+        self._lock = threading.Lock()
+        self._runtime: LeaderRuntime | None = None
+        self._member_lease: Lease | None = None
+        self._stopped = threading.Event()
+        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="grpc"),
+                                 options=SERVER_OPTIONS)
+        cp_grpc.add_ControlPlaneServiceServicer_to_server(ControlPlaneServicer(self._stream_leader), self._grpc)
+        mg_grpc.add_ManagementServiceServicer_to_server(
+            ManagementServicer(self.metadata, self.keys, lambda: self.leader().admission), self._grpc)
+        self.election = LeaseElection(self.metadata, self.keys.election, config.master_id.encode(),
+                                      ttl_s=config.election_ttl_seconds,
+                                      check_interval_s=max(0.2, config.election_ttl_seconds / 5),
+                                      on_elected=self._elected, on_deposed=self._deposed)
+
+    def strategy(self) -> AssignmentStrategy:
+        name = self.config_view.global_config.strategy
+        with self._lock:
+            if self._strategy is None or name != self._strategy_name:
+                self._strategy, self._strategy_name = strategy_named(name), name
+            return self._strategy
+
+    def start(self) -> None:
+        self.config_view.start()
+        self._register_member()
+        self._grpc.add_insecure_port(self.config.address)
+        self._grpc.start()
+        serve_metrics(self.config.metrics_port)
+        self.election.start()
+        LEADER_STATUS.set(0)
+        logger.info("master %s serving on %s", self.config.master_id, self.config.address,
+                    extra={"master_id": self.config.master_id})
+
+    def _register_member(self) -> None:
+        lease = self.metadata.grant_lease(self.config.election_ttl_seconds)
+        value = json.dumps({"address": self.config.address, "pid": os.getpid()}).encode()
+        self.metadata.put(self.keys.master(self.config.master_id), value, lease=lease)
+        self._member_lease = lease
+        lease.keep_alive(on_lost=lambda exc: self._member_lost())
+
+    def _member_lost(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._register_member()
+                return
+            except DanubeError as exc:
+                logger.warning("re-registering master %s failed: %s", self.config.master_id, exc)
+                self._stopped.wait(1.0)
+
+    def _config_changed(self) -> None:
+        runtime = self._runtime
+        if runtime is not None:
+            runtime.reconciler.wake()
+
+    def _elected(self) -> None:
+        runtime = LeaderRuntime(self)
+        try:
+            runtime.start()
+        except DanubeError as exc:
+            logger.error("master %s won the election but could not load the cluster state: %s",
+                         self.config.master_id, exc)
+            runtime.stop()
+            return
+        with self._lock:
+            self._runtime = runtime
+        LEADER_STATUS.set(1)
+        self.audit.record(AuditEvent(kind="leader.elected", master_id=self.config.master_id))
+
+    def _deposed(self) -> None:
+        with self._lock:
+            runtime, self._runtime = self._runtime, None
+        LEADER_STATUS.set(0)
+        if runtime is None:
+            return
+        runtime.stop()
+        self.audit.record(AuditEvent(kind="leader.deposed", master_id=self.config.master_id))
+
+    def leader(self) -> LeaderRuntime:
+        runtime = self._runtime
+        if runtime is not None and self.election.is_leader:
+            return runtime
+        raise self._not_leader()
+
+    def _not_leader(self) -> NotLeaderError:
+        try:
+            raw = self.election.leader_id()
+            leader_id = raw.decode() if raw else None
+            address = None
+            if leader_id and leader_id != self.config.master_id:
+                member = self.metadata.get(self.keys.master(leader_id))
+                address = json.loads(member)["address"] if member else None
+        except (DanubeError, ValueError, KeyError):
+            leader_id, address = None, None
+        retry_ms = 100 if address else max(200, self.config.election_ttl_seconds * 200)
+        return NotLeaderError(leader_id, address, retry_ms)
+
+    def _stream_leader(self):
+        runtime = self.leader()
+        return runtime.directory, runtime.reconciler.sync
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+    def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.election.stop()
+        self._deposed()
+        self._grpc.stop(grace=1.0).wait(5)
+        self.config_view.stop()
+        try:
+            self.metadata.delete(self.keys.master(self.config.master_id))
+        except DanubeError:
+            pass
+        self._store.close()

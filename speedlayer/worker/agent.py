@@ -1,0 +1,224 @@
+"""The worker's control agent (seed §5): one EventStream to whichever master leads.
+
+Registers (address, capacity, the epochs it already holds), heartbeats at the interval the
+master's ack names, loads assigned plans one at a time on a loader thread and reports
+`DataPullStatusUpdate` (IN_PROGRESS, then COMPLETED with rows, bytes and seconds, or FAILED
+with the reason). When the stream breaks it backs off exponentially (capped, jittered) and
+reconnects: to the leader a follower names in its UNAVAILABLE, else to the next master. Told
+to DRAIN, it stops taking work and exits once the master has moved all its epochs away.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+
+from speedlayer.api.v1 import control_plane_service_pb2 as cp
+from speedlayer.api.v1 import control_plane_service_pb2_grpc as cp_grpc
+from speedlayer.client import CHANNEL_OPTIONS
+from speedlayer.observability.metrics import EPOCHS_HELD, LOAD_SECONDS, LOADED_ROWS
+from speedlayer.transport.leader_gate import leader_hint
+from speedlayer.worker.loader import EpochLoader
+
+logger = logging.getLogger(__name__)
+
+Status = cp.DataPullStatusUpdateEvent
+MAX_BACKOFF_S = 2.0  # reconnect backoff cap; the master's takeover grace allows for it
+CLIENT_OPTIONS = CHANNEL_OPTIONS + [("grpc.keepalive_time_ms", 15_000), ("grpc.keepalive_timeout_ms", 5_000),
+                                    ("grpc.keepalive_permit_without_calls", 1)]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    tenant: str
+    worker_id: str
+    masters: list[str]
+    address: str = ""
+    memory_bytes: int = 2 * 1024**3
+    cpu_cores: int = 2
+    threads: int = 2
+    storage_options: dict[str, dict] = field(default_factory=dict)
+    max_backoff_s: float = MAX_BACKOFF_S
+
+
+@dataclass
+class HeldEpoch:
+    dataset: str
+    epoch: str
+    table: str
+    status: int = Status.IN_PROGRESS
+    rows: int = 0
+    bytes: int = 0
+
+
+class WorkerAgent:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.loader = EpochLoader(memory_limit_bytes=config.memory_bytes, threads=config.threads,
+                                  storage_options=config.storage_options)
+        self.held: dict[tuple[str, str], HeldEpoch] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader")
+        self._stop = threading.Event()
+        self._outgoing: queue.Queue | None = None
+        self.draining = False
+        self._target = config.masters[0]
+        self._extra = {"tenant_id": config.tenant, "worker_id": config.worker_id}
+
+    def stop(self) -> None:
+        self._stop.set()
+        outgoing = self._outgoing
+        if outgoing is not None:
+            outgoing.put(None)
+
+    def run(self) -> None:
+        backoff, index = 0.1, 0
+        while not self._stop.is_set():
+            registered = False
+            try:
+                registered = self._session(self._target)
+            except grpc.RpcError as exc:
+                leader, retry_ms = leader_hint(exc)
+                if leader:
+                    self._target = leader
+                    backoff = max(backoff, retry_ms / 1000)
+                else:
+                    index = (index + 1) % len(self.config.masters)
+                    self._target = self.config.masters[index]
+                logger.warning("stream to master ended (%s: %s); next: %s", exc.code().name, exc.details(),
+                               self._target, extra=self._extra)
+            if registered:
+                backoff = 0.1
+            if self._stop.wait(backoff * random.uniform(0.5, 1.0)):
+                break
+            backoff = min(backoff * 2, self.config.max_backoff_s)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _message(self, **payload: object) -> cp.EventStreamMessage:
+        return cp.EventStreamMessage(tenant_id=self.config.tenant, worker_id=self.config.worker_id, **payload)
+
+    def _register_event(self) -> cp.EventStreamMessage:
+        with self._lock:
+            held = [cp.HeldEpoch(dataset_id=h.dataset, epoch_id=h.epoch, status=h.status, rows=h.rows, bytes=h.bytes)
+                    for h in self.held.values()]
+        capacity = cp.WorkerCapacity(memory_bytes=self.config.memory_bytes, cpu_cores=self.config.cpu_cores)
+        return self._message(register_event=cp.RegisterEvent(address=self.config.address, capacity=capacity,
+                                                             held_epochs=held))
+
+    def _session(self, target: str) -> bool:
+        """One stream; True if the master acknowledged the registration."""
+        outgoing: queue.Queue = queue.Queue()
+        outgoing.put(self._register_event())
+        self._outgoing = outgoing
+        stop_beats = threading.Event()
+
+        def requests():
+            while (item := outgoing.get()) is not None:
+                yield item
+
+        registered = False
+        with grpc.insecure_channel(target, options=CLIENT_OPTIONS) as channel:
+            responses = cp_grpc.ControlPlaneServiceStub(channel).EventStream(requests())
+            try:
+                for message in responses:
+                    if self._stop.is_set():
+                        break
+                    kind = message.WhichOneof("payload")
+                    if kind == "registration_ack":
+                        registered = True
+                        logger.info("registered with master %s", target, extra=self._extra)
+                        self._start_heartbeats(outgoing, message.registration_ack.heartbeat_interval_seconds, stop_beats)
+                    elif kind == "data_assignment":
+                        self._assigned(message.data_assignment)
+                    elif kind == "data_unassignment":
+                        self._unassigned(message.data_unassignment)
+                    elif kind == "heartbeat_ack":
+                        self._heartbeat_ack(message.heartbeat_ack)
+            finally:
+                stop_beats.set()
+                outgoing.put(None)
+                responses.cancel()
+        return registered
+
+    def _start_heartbeats(self, outgoing: queue.Queue, interval_s: int, stop: threading.Event) -> None:
+        def beat() -> None:
+            while not stop.wait(max(interval_s, 1)):
+                status = cp.ResourceStatus(memory_used_bytes=self.loader.memory_bytes())
+                outgoing.put(self._message(heartbeat_event=cp.HeartbeatEvent(status=status)))
+
+        threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+    def _send(self, **payload: object) -> None:
+        outgoing = self._outgoing
+        if outgoing is not None:
+            outgoing.put(self._message(**payload))
+
+    def _assigned(self, event: cp.DataAssignmentEvent) -> None:
+        key = (event.dataset_id, event.epoch_id)
+        with self._lock:
+            held = self.held.get(key)
+            if held is not None and held.status in (Status.IN_PROGRESS, Status.COMPLETED):
+                if held.status == Status.COMPLETED:
+                    self._report(held)
+                return
+            self.held[key] = HeldEpoch(event.dataset_id, event.epoch_id, event.load_plan.destination_table_name)
+        self._executor.submit(self._load, event)
+
+    def _load(self, event: cp.DataAssignmentEvent) -> None:
+        key = (event.dataset_id, event.epoch_id)
+        extra = {**self._extra, "epoch_id": event.epoch_id, "dataset_id": event.dataset_id}
+        self._send(data_pull_status_update=Status(dataset_id=event.dataset_id, epoch_id=event.epoch_id,
+                                                  status=Status.IN_PROGRESS))
+        try:
+            result = self.loader.load(event.load_plan)
+        except Exception as exc:  # any failure is reported to the master with its reason
+            logger.error("loading %s/%s failed: %s", *key, exc, extra=extra)
+            with self._lock:
+                self.held.pop(key, None)
+            self._send(data_pull_status_update=Status(dataset_id=event.dataset_id, epoch_id=event.epoch_id,
+                                                      status=Status.FAILED, error_message=f"{type(exc).__name__}: {exc}"))
+            return
+        LOAD_SECONDS.observe(result.seconds)
+        LOADED_ROWS.labels(dataset=event.dataset_id, epoch=event.epoch_id).set(result.rows)
+        with self._lock:
+            held = self.held.get(key)
+            if held is None:  # unassigned while loading
+                self.loader.drop(event.load_plan.destination_table_name)
+                return
+            held.status, held.rows, held.bytes = Status.COMPLETED, result.rows, result.bytes
+            EPOCHS_HELD.set(sum(h.status == Status.COMPLETED for h in self.held.values()))
+        logger.info("epoch %s/%s READY: %d rows, %d bytes in %.2fs", *key, result.rows, result.bytes,
+                    result.seconds, extra=extra)
+        self._send(data_pull_status_update=Status(
+            dataset_id=event.dataset_id, epoch_id=event.epoch_id, status=Status.COMPLETED, rows=result.rows,
+            bytes=result.bytes, seconds=result.seconds, memory_bytes=result.memory_bytes))
+
+    def _report(self, held: HeldEpoch) -> None:
+        self._send(data_pull_status_update=Status(dataset_id=held.dataset, epoch_id=held.epoch,
+                                                  status=Status.COMPLETED, rows=held.rows, bytes=held.bytes))
+
+    def _unassigned(self, event: cp.DataUnassignmentEvent) -> None:
+        with self._lock:
+            held = self.held.pop((event.dataset_id, event.epoch_id), None)
+            empty = not self.held
+        if held is not None and held.status == Status.COMPLETED:
+            self.loader.drop(held.table)
+        logger.info("epoch %s/%s dropped (%s)", event.dataset_id, event.epoch_id, event.reason, extra=self._extra)
+        if self.draining and empty:
+            logger.info("drained: exiting", extra=self._extra)
+            self.stop()
+
+    def _heartbeat_ack(self, ack: cp.HeartbeatAckEvent) -> None:
+        if ack.requested_action == cp.HeartbeatAckEvent.DRAIN and not self.draining:
+            self.draining = True
+            logger.warning("asked to DRAIN: epochs are moving away", extra=self._extra)
+            with self._lock:
+                empty = not self.held
+            if empty:
+                self.stop()

@@ -1,0 +1,166 @@
+"""A speed layer cluster of real processes for tests and benchmarks: its own etcd, masters, workers.
+
+Every master and worker is a `python -m speedlayer ...` subprocess whose output goes to a log
+file in the cluster's directory (printed by `dump_logs` when a test fails). Timings are short
+(election TTL 2 s, heartbeats 1 s, reassignment delay 1 s) so failures are detected quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from broker.embedded_etcd import etcd_binary, free_port, wait_for_port
+from danube_core.metadata import EtcdMetadataStore
+from speedlayer.client import ManagementClient
+from speedlayer.keys import SpeedLayerKeys
+from speedlayer.records import GlobalConfig, TenantConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class RestartableEtcd:
+    """A single-node etcd on fixed ports and data dir, so it can be stopped and started again."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port, self.peer_port = free_port(), free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        log = open(self.data_dir / "etcd.log", "ab")
+        self.process = subprocess.Popen(
+            [etcd_binary(), "--data-dir", str(self.data_dir / "data"),
+             "--listen-client-urls", f"http://{self.endpoint}", "--advertise-client-urls", f"http://{self.endpoint}",
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"default={peer}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        wait_for_port(self.port)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+class SpeedLayerCluster:
+    def __init__(self, root: Path, *, election_ttl_s: int = 2, heartbeat_s: int = 1,
+                 reassign_delay_s: float = 1.0, strategy: str = "rendezvous") -> None:
+        self.root = root
+        self.etcd = RestartableEtcd(root / "etcd")
+        self.keys = SpeedLayerKeys()
+        self.config_path = root / "speedlayer.yaml"
+        self.config_path.write_text(json.dumps({
+            "etcd": {"endpoints": self.etcd.endpoint},
+            "master": {"election_ttl_seconds": election_ttl_s, "heartbeat_interval_seconds": heartbeat_s},
+        }))
+        self.masters: dict[str, tuple[subprocess.Popen, int]] = {}
+        self._ports: dict[str, int] = {}
+        self.workers: dict[str, subprocess.Popen] = {}
+        self.metadata = EtcdMetadataStore(self.etcd.endpoint)
+        self.set_global(GlobalConfig(reassign_delay_s=reassign_delay_s, strategy=strategy))
+        self._clients: list[ManagementClient] = []
+
+    def set_global(self, config: GlobalConfig) -> None:
+        self.metadata.put(self.keys.global_config, config.to_json())
+
+    def set_tenant(self, tenant: str, config: TenantConfig) -> None:
+        self.metadata.put(self.keys.tenant_config(tenant), config.to_json())
+
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env.update(extra or {})
+        return env
+
+    def restart_etcd(self) -> None:
+        self.etcd.stop()
+        self.etcd.start()
+
+    def start_master(self, master_id: str, env: dict[str, str] | None = None) -> int:
+        """Start (or restart, on the port it had) master `master_id`; clients know masters by address."""
+        port = self._ports.setdefault(master_id, free_port())
+        log = open(self.root / f"master-{master_id}.log", "ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "speedlayer", "master", "--config", str(self.config_path), "--id", master_id,
+             "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env=self._env(env), cwd=self.root)
+        self.masters[master_id] = (process, port)
+        wait_for_port(port)
+        return port
+
+    @property
+    def master_addresses(self) -> list[str]:
+        """Every master this cluster ever started (a killed one may come back on its port)."""
+        return [f"127.0.0.1:{port}" for port in self._ports.values()]
+
+    def start_worker(self, tenant: str, worker_id: str, memory_mb: int = 1024) -> subprocess.Popen:
+        log = open(self.root / f"worker-{tenant}-{worker_id}.log", "ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "speedlayer", "worker", "--tenant", tenant, "--id", worker_id,
+             "--masters", ",".join(self.master_addresses), "--memory-mb", str(memory_mb), "--threads", "1"],
+            stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=self.root)
+        self.workers[f"{tenant}/{worker_id}"] = process
+        return process
+
+    def client(self, deadline_s: float = 30.0) -> ManagementClient:
+        client = ManagementClient(self.master_addresses, deadline_s=deadline_s)
+        self._clients.append(client)
+        return client
+
+    def leader_id(self) -> str | None:
+        raw = self.metadata.get(self.keys.election)
+        return raw.decode() if raw else None
+
+    def kill_master(self, master_id: str, sig: int = signal.SIGKILL) -> None:
+        process, _ = self.masters.pop(master_id)
+        process.send_signal(sig)
+        process.wait(10)
+
+    def kill_worker(self, key: str, sig: int = signal.SIGKILL) -> None:
+        process = self.workers.pop(key)
+        process.send_signal(sig)
+        process.wait(10)
+
+    def dump_logs(self) -> str:
+        parts = []
+        for path in sorted(self.root.glob("**/*.log")):
+            text = path.read_text(errors="replace").splitlines()[-40:]
+            parts.append(f"--- {path.name}\n" + "\n".join(text))
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for client in self._clients:
+            client.close()
+        processes = [p for p, _ in self.masters.values()] + list(self.workers.values())
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self.masters.clear()
+        self.workers.clear()
+        self.metadata.close()
+        self.etcd.stop()
+
+
+def ready_workers(client: ManagementClient, tenant: str, dataset: str, epoch: str) -> dict[str, int]:
+    """{worker: rows} of the epoch's READY replicas."""
+    status = client.status(tenant, dataset, epoch)
+    return {r.worker_id: r.rows for e in status.epochs for r in e.replicas if r.state == "READY"}

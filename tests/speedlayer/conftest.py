@@ -1,0 +1,54 @@
+"""Speed layer tests: each module that needs a cluster gets its own etcd (the speed layer's keys
+`/masters`, `/election/master` are global), so it never meets the session's brokers."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from tests.speedlayer.cluster import SpeedLayerCluster
+
+
+@pytest.fixture
+def delta_table(tmp_path):
+    """`make(rows, partitions=3, files_per_partition=1)` writes a partitioned Delta table; returns its path."""
+    from deltalake import write_deltalake
+
+    def make(rows: int = 1000, partitions: int = 3, appends: int = 1, name: str = "orders") -> str:
+        path = str(tmp_path / name)
+        per = rows // appends
+        for batch in range(appends):
+            ids = range(batch * per, (batch + 1) * per)
+            table = pa.table({
+                "id": pa.array(ids, pa.int64()),
+                "day": [f"2024-01-{i % partitions + 1:02d}" for i in ids],
+                "amount": pa.array([i * 0.5 for i in ids], pa.float64()),
+            })
+            write_deltalake(path, table, partition_by=["day"], mode="append")
+        return path
+
+    return make
+
+
+@pytest.fixture
+def cluster_factory(tmp_path_factory, request):
+    clusters: list[SpeedLayerCluster] = []
+
+    def make(**kwargs) -> SpeedLayerCluster:
+        cluster = SpeedLayerCluster(tmp_path_factory.mktemp("speedlayer"), **kwargs)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    failed = getattr(request.node, "rep_call", None)
+    for cluster in clusters:
+        if failed is not None and failed.failed:
+            print(cluster.dump_logs())
+        cluster.stop()
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
