@@ -79,9 +79,9 @@ def test_worker_back_within_the_delay_keeps_its_epochs(cluster_factory, delta_ta
     victim = sorted(before)[0]
     cluster.kill_worker(f"acme/{victim}")
     cluster.start_worker("acme", victim)
-    # The restarted process holds nothing: not READY there until the leader's plan is loaded
-    # again; nothing moves to the third worker.
-    eventually(lambda: victim not in ready_workers(client, "acme", "orders", epoch), deadline_s=30)
+    # The restarted process holds nothing, so READY there means it loaded the plan again (its
+    # not-READY moment can be shorter than any poll, so it is not waited for); nothing moves to
+    # the third worker.
     eventually(lambda: ready_workers(client, "acme", "orders", epoch) == before, deadline_s=60)
     kinds = [e["kind"] for e in read_audit_log(str(cluster.root / "speedlayer-audit-m1.jsonl"))]
     assert "assignment.moved" not in kinds
