@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.fault_cases import PIPELINE_TIMEOUT_S, Rig, Sizes, row
+from bench.fault_cases import PIPELINE_TIMEOUT_S, Rig, Sizes, row, streaming
 from bench.fault_kit import AckingProducer, Etcd, Pipeline, poll
 from bench.fault_proxies import DELAY, HTTP503, PASS, RESET, FaultProxy
 
@@ -29,10 +29,10 @@ def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         code = pipe.wait(PIPELINE_TIMEOUT_S)
         outcome = "task retried in place" if code == 0 else f"query failed (exit {code}); restarted"
         if code != 0:
-            code, _, log = rig.run(config, tag="restart")
+            code, _, log = rig.run_supervised(config, tag="restart")
             assert code == 0, log
         counts = rig.tally(config, producer.sent, producer.acked)
-        return row("python worker kill -9 mid-task", producer, counts, time.monotonic() - started, outcome)
+        return row("python worker kill -9 mid-task", producer, counts, time.monotonic() - started, rig.outcome(outcome))
 
 
 def _python_worker(pgid: int) -> int | None:
@@ -61,7 +61,7 @@ def etcd_kill_restart(workdir: Path, _etcd: Etcd, sizes: Sizes) -> dict:
     own = Etcd(Path(workdir) / f"etcd-{uuid.uuid4().hex[:6]}").start()
     try:
         with Rig(workdir, own, "etcd-restart", sizes) as rig:
-            config = _streaming(rig.pipeline_file("etcdkill", sizes))
+            config = streaming(rig.pipeline_file("etcdkill", sizes))
             runs = [Pipeline(config, config.parent / "run-0.log").start()]
             producer = AckingProducer(rig.broker.url, rig.topic).start()
             try:
@@ -88,7 +88,7 @@ def etcd_slow(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
     proxy = FaultProxy(etcd.port)
     try:
         with Rig(workdir, etcd, "etcd-slow", sizes, broker_etcd=proxy.endpoint) as rig:
-            config = _streaming(rig.pipeline_file("etcdslow", sizes, etcd=proxy.endpoint))
+            config = streaming(rig.pipeline_file("etcdslow", sizes, etcd=proxy.endpoint))
             runs = [Pipeline(config, config.parent / "run-0.log").start()]
             producer = AckingProducer(rig.broker.url, rig.topic).start()
             try:
@@ -133,7 +133,7 @@ def s3_faults(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         "key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}}
     try:
         with Rig(workdir, etcd, "s3-faults", sizes, cloud=cloud, storage=storage) as rig:
-            config = _streaming(rig.pipeline_file("s3", sizes))
+            config = streaming(rig.pipeline_file("s3", sizes))
             runs = [Pipeline(config, config.parent / "run-0.log").start()]
             producer = AckingProducer(rig.broker.url, rig.topic).start()
             try:
@@ -168,11 +168,6 @@ def _s3_client(endpoint_url: str):
 
 def _count_objects(s3, bucket: str) -> int:
     return s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
-
-
-def _streaming(config: Path) -> Path:
-    config.write_text(config.read_text().replace("mode: availableNow", "interval: 500 ms\n  mode: processingTime"))
-    return config
 
 
 def _drain(rig: Rig, config: Path, runs: list[Pipeline], producer: AckingProducer) -> dict:

@@ -200,7 +200,8 @@ def pipeline_config(root: Path, name: str, etcd: str, storage_url: str, topic: s
         "quarantine": {"path": str(root / "quarantine")},
         "checkpoint": str(root / "checkpoint"),
         "trigger": {"mode": "availableNow"},
-        "spark_conf": {"spark.master": "local[2]", "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+        # local[2,4]: a failed task is retried (up to 4 attempts) as on a cluster.
+        "spark_conf": {"spark.master": "local[2,4]", "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
                        "spark.python.authenticate.socketTimeout": "120s"},
     }
     path = root / f"{name}.yaml"
