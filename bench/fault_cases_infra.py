@@ -27,7 +27,10 @@ def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         victim = poll(lambda: _python_worker(pipe.process.pid), PIPELINE_TIMEOUT_S, "a Python worker", 0.02)
         os.kill(victim, signal.SIGKILL)
         code = pipe.wait(PIPELINE_TIMEOUT_S)
-        outcome = "task retried in place" if code == 0 else f"query failed (exit {code}); restarted"
+        log = pipe.log_path.read_text(errors="replace")
+        task_failed = "exited unexpectedly" in log or "Lost task" in log
+        outcome = (f"killed worker {victim}: " + ("a task failed and was retried; " if task_failed else "")
+                   + ("query went on" if code == 0 else f"query failed (exit {code}); restarted"))
         if code != 0:
             code, _, log = rig.run_supervised(config, tag="restart")
             assert code == 0, log
