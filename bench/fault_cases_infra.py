@@ -24,8 +24,12 @@ def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         config = rig.pipeline_file("worker", sizes)
         started = time.monotonic()
         pipe = Pipeline(config, config.parent / "run.log").start()
-        victim = poll(lambda: _python_worker(pipe.process.pid), PIPELINE_TIMEOUT_S, "a Python worker", 0.02)
-        os.kill(victim, signal.SIGKILL)
+        try:
+            victim = poll(lambda: _python_worker(pipe.process.pid), PIPELINE_TIMEOUT_S, "a Python task worker", 0.02)
+            os.kill(victim, signal.SIGKILL)
+        except BaseException:
+            pipe.kill9()
+            raise
         code = pipe.wait(PIPELINE_TIMEOUT_S)
         log = pipe.log_path.read_text(errors="replace")
         task_failed = "exited unexpectedly" in log or "Lost task" in log
@@ -38,22 +42,25 @@ def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         return row("python worker kill -9 mid-task", producer, counts, time.monotonic() - started, rig.outcome(outcome))
 
 
-def _python_worker(pgid: int) -> int | None:
-    """A forked PySpark worker (child of `pyspark.daemon`) in process group `pgid`."""
-    daemons, procs = set(), {}
+def _python_worker(root: int) -> int | None:
+    """A forked PySpark task worker (child of `python -m pyspark.daemon pyspark.worker`)
+    under process `root`. The daemons run in process groups of their own, so the tree is
+    walked by parent pid."""
+    parents, cmdlines = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ")
+            parents[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            cmdlines[int(entry)] = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ")
         except OSError:
             continue
-        if int(fields[2]) == pgid:
-            procs[int(entry)] = int(fields[1])
-            if b"pyspark.daemon" in cmdline:
-                daemons.add(int(entry))
-    workers = [pid for pid, parent in procs.items() if parent in daemons]
+    tree, frontier = {root}, {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - tree
+        tree |= frontier
+    daemons = {pid for pid in tree if b"pyspark.daemon pyspark.worker" in cmdlines.get(pid, b"")}
+    workers = [pid for pid in tree if parents.get(pid) in daemons]
     return max(workers) if workers else None
 
 

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-s", type=float, default=10.0, help="length of timed faults (etcd, S3)")
     parser.add_argument("--register-ttl-s", type=int, default=32, help="broker registration lease (Danube: 32)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, tables)")
+    parser.add_argument("--results", default="faults", help="bench/results/<name>.json (default faults)")
     args = parser.parse_args(argv)
     chosen = args.only.split(",") if args.only else list(CASES)
     unknown = [c for c in chosen if c not in CASES]
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             remove_tree(workdir)
     print()
     print_table(rows, COLUMNS, title=f"fault battery (machine: {machine_info()})")
-    write_results("faults", {"machine": machine_info(), "sizes": vars(sizes), "workdir": str(workdir),
+    write_results(args.results, {"machine": machine_info(), "sizes": vars(sizes), "workdir": str(workdir),
                              "rows": rows})
     bad = [r for r in rows if r.get("lost") != 0 or r.get("duplicated") != 0]
     return 1 if bad else 0
