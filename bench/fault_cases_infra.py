@@ -5,6 +5,7 @@ connections, an object deleted under a running stream. Rows as in `bench.fault_c
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -113,7 +114,8 @@ def etcd_slow(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
             finally:
                 producer.stop()
             counts = _drain(rig, config, runs, producer)
-            return row("etcd slowed past its timeout", producer, counts, first - back, _restarts(runs))
+            return row("etcd slowed past its timeout", producer, counts, first - back,
+                       f"{proxy.delayed} chunks delayed; {_restarts(runs)}")
     finally:
         proxy.close()
 
@@ -128,6 +130,7 @@ def s3_faults(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(var, "testing")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
     moto_port = free_port()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port)
     moto.start()

@@ -37,6 +37,7 @@ class FaultProxy:
         self.mode = PASS
         self.delay_s = 0.0
         self.faulted = 0  # connections reset or answered 503
+        self.delayed = 0  # chunks held back in delay mode
         self._live: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -103,6 +104,7 @@ class FaultProxy:
                 if not chunk:
                     break
                 if self.mode == DELAY and self.delay_s:
+                    self.delayed += 1
                     time.sleep(self.delay_s)
                 dst.sendall(chunk)
         except OSError:
