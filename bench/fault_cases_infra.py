@@ -78,16 +78,19 @@ def etcd_kill_restart(workdir: Path, _etcd: Etcd, sizes: Sizes) -> dict:
             try:
                 poll(lambda: len(producer.acked) >= sizes.before, 120, f"{sizes.before} acks")
                 own.kill9()
+                down = time.monotonic()
                 time.sleep(sizes.fault_s)  # the fault's length, not a wait for a condition
                 own.start()
                 back = time.monotonic()
+                while_down = sum(down <= t < back for t in producer.ack_times)
                 at_restart = len(producer.acked)
                 first = poll(lambda: producer.first_ack_after(back), 180, "first ack after etcd restarted")
                 poll(lambda: len(producer.acked) >= at_restart + sizes.after, 180, f"{sizes.after} acks after")
             finally:
                 producer.stop()
             counts = _drain(rig, config, runs, producer)
-            return row("etcd kill -9 + restart", producer, counts, first - back, _restarts(runs))
+            return row("etcd kill -9 + restart", producer, counts, first - back,
+                       f"{while_down} sends acknowledged while etcd was down; {_restarts(runs)}")
     finally:
         own.stop()
 
