@@ -248,9 +248,9 @@ def lock_lease_lost(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
             code = pipe.process.wait(120)
         finally:
             pipe.kill9()
-        log = pipe.log_tail(80)
-        if code != 1 or "subscription lock" not in log:
-            raise RuntimeError(f"lost lock lease not reported (exit {code}): {log}")
+        log = pipe.log_path.read_text(errors="replace")
+        if code != 1 or "lost the subscription lock" not in log:
+            raise RuntimeError(f"lost lock lease not reported (exit {code}): {pipe.log_tail(40)}")
         restart = Pipeline(config, config.parent / "second.log").start()
         restarted = time.monotonic()
         try:
