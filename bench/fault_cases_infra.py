@@ -207,3 +207,37 @@ def _drain(rig: Rig, config: Path, runs: list[Pipeline], producer: AckingProduce
 def _restarts(runs: list[Pipeline]) -> str:
     codes = [r.process.returncode for r in runs[:-1]]
     return f"pipeline ran through" if not codes else f"pipeline failed {len(codes)}x (exit {codes}), restarted"
+
+
+def object_deleted(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
+    """The newest uploaded object deleted while an availableNow pipeline works through the
+    topic in small batches. With failOnDataLoss=true (the default) the pipeline must stop with
+    an error naming the object rather than skip its messages; lost counts what Delta lacks.
+    recovery_s: none (a person decides: restore the object, or failOnDataLoss=false)."""
+    small = Sizes(sizes.before, sizes.after, max(10, (sizes.before + sizes.after) // 8), sizes.register_ttl_s)
+    with Rig(workdir, etcd, "object-deleted", small) as rig:
+        producer = rig.produce(sizes.before + sizes.after)
+        cloud = Path(rig.storage["storage_url"])
+        objects = poll(lambda: sorted(cloud.rglob("*.dnb1"), key=_first_offset)[1:] or None, 120,
+                       "two uploaded objects")
+        config = rig.pipeline_file("deleted", small)
+        pipe = Pipeline(config, config.parent / "run.log").start()
+        try:
+            poll(lambda: rig.tally(config, producer.sent, producer.acked)["rows"] > 0, PIPELINE_TIMEOUT_S,
+                 "first rows in Delta", 0.5)
+            victim = objects[-1]
+            victim.unlink()
+            code = pipe.wait(PIPELINE_TIMEOUT_S)
+        finally:
+            pipe.kill9()
+        log = pipe.log_path.read_text(errors="replace")
+        named = victim.name in log
+        counts = rig.tally(config, producer.sent, producer.acked)
+        outcome = (f"deleted {victim.name}; exit {code}; "
+                   + ("the error names the object" if named else "the object is not named in the log"))
+        return row("object deleted under a running stream", producer, counts, None, outcome)
+
+
+def _first_offset(path: Path) -> int:
+    """`data-<first offset>-<secs>.dnb1` -> first offset."""
+    return int(path.name.split("-")[1])

@@ -14,6 +14,7 @@ processes, moto, proxies) under one shared etcd, on free loopback ports, in a te
 | etcd_kill_restart | etcd kill -9 under a streaming pipeline, restarted after --fault-s | etcd back -> first ack |
 | etcd_slow | etcd behind a proxy delaying 6 s per chunk (past the 5 s timeout) | proxy passing -> first ack |
 | s3_faults | S3 (moto) answering 503 SlowDown, then resetting connections | S3 back -> next upload |
+| object_deleted | an uploaded object deleted under a running pipeline: must stop naming it, not skip | - |
 | checkpoint_deleted | checkpoint deleted, pipeline restarted: refused, then resumed as the error says | the resumed run |
 | same_subscription_twice | the same pipeline started twice at once | both ended |
 | lock_lease_lost | the subscription lock's lease revoked mid-query | restart -> all in Delta |
@@ -51,6 +52,7 @@ CASES = {
     "etcd_kill_restart": infra.etcd_kill_restart,
     "etcd_slow": infra.etcd_slow,
     "s3_faults": infra.s3_faults,
+    "object_deleted": infra.object_deleted,
     "checkpoint_deleted": cases.checkpoint_deleted,
     "same_subscription_twice": cases.same_subscription_twice,
     "lock_lease_lost": cases.lock_lease_lost,
