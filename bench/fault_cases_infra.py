@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
 import uuid
 from pathlib import Path
 
-from bench.fault_cases import PIPELINE_TIMEOUT_S, Rig, Sizes, row, streaming
-from bench.fault_kit import AckingProducer, Etcd, Pipeline, poll
+from bench.fault_cases import PIPELINE_TIMEOUT_S, Rig, Sizes, edit_config, row, streaming
+from bench.fault_kit import AckingProducer, Etcd, Pipeline, delta_ids, poll
 from bench.fault_proxies import DELAY, HTTP503, PASS, RESET, FaultProxy
 
 
@@ -212,8 +213,9 @@ def _restarts(runs: list[Pipeline]) -> str:
 def object_deleted(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
     """The newest uploaded object deleted while an availableNow pipeline works through the
     topic in small batches. With failOnDataLoss=true (the default) the pipeline must stop with
-    an error naming the object rather than skip its messages; lost counts what Delta lacks.
-    recovery_s: none (a person decides: restore the object, or failOnDataLoss=false)."""
+    an error naming the object and its offsets rather than skip them; rerun as the error
+    advises (failOnDataLoss=false), exactly the deleted object's messages are lost (and
+    counted). recovery_s: the rerun."""
     small = Sizes(sizes.before, sizes.after, max(10, (sizes.before + sizes.after) // 8), sizes.register_ttl_s)
     with Rig(workdir, etcd, "object-deleted", small) as rig:
         producer = rig.produce(sizes.before + sizes.after)
@@ -231,11 +233,20 @@ def object_deleted(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         finally:
             pipe.kill9()
         log = pipe.log_path.read_text(errors="replace")
-        named = victim.name in log
+        refusal = re.search(r"DataLossError: data loss in topic \S+: offsets \[(\d+), (\d+)\)", log)
+        if code != 1 or refusal is None or victim.name not in log:
+            raise RuntimeError(f"deleting {victim.name} was not refused naming it (exit {code}): {pipe.log_tail()}")
+        destroyed = set(range(int(refusal.group(1)), int(refusal.group(2))))
+        edit_config(config, lambda d: d["source"].update(fail_on_data_loss=False))  # what the error advises
+        code, seconds, log = rig.run_supervised(config, tag="skip-lost")
+        assert code == 0, log
         counts = rig.tally(config, producer.sent, producer.acked)
-        outcome = (f"deleted {victim.name}; exit {code}; "
-                   + ("the error names the object" if named else "the object is not named in the log"))
-        return row("object deleted under a running stream", producer, counts, None, outcome)
+        missing = set(producer.acked) - set(delta_ids(config.parent / "target")) - set(
+            delta_ids(config.parent / "quarantine"))
+        outcome = (f"refused: DataLossError naming {victim.name}, offsets [{min(destroyed)}, {max(destroyed) + 1}); "
+                   f"rerun with failOnDataLoss=false as advised: lost = exactly those "
+                   f"({'yes' if missing == destroyed else 'NO: ' + str(sorted(missing))})")
+        return row("object deleted under a running stream", producer, counts, seconds, rig.outcome(outcome))
 
 
 def _first_offset(path: Path) -> int:

@@ -55,6 +55,14 @@ def test_s3_slowdown_and_dropped_connections(etcd_server, tmp_path):
     exactly_once(infra.s3_faults(tmp_path, etcd_server, SMALL))
 
 
+def test_deleted_object_is_refused_naming_it_and_only_its_messages_are_lost(etcd_server, tmp_path):
+    """The one fault that destroys data: acknowledged messages in the deleted object are lost,
+    but only those, after a refusal that names them."""
+    result = infra.object_deleted(tmp_path, etcd_server, SMALL)
+    assert "lost = exactly those (yes)" in result["outcome"], result
+    assert result["duplicated"] == 0 and result["foreign"] == 0, result
+
+
 def test_deleted_checkpoint_is_refused_and_its_advice_resumes_exactly(etcd_server, tmp_path):
     exactly_once(cases.checkpoint_deleted(tmp_path, etcd_server, SMALL))
 
