@@ -3,7 +3,8 @@ on loopback (broker, `python -m pipelines run`, etcd, moto behind a fault proxy)
 must end with 0 acknowledged messages lost and 0 duplicated in Delta.
 
 The pipelines run as processes so they can be killed with -9; each costs a JVM start, which
-makes this module slow on a loaded machine (see the README's fault battery section).
+makes this module slow: about 30 minutes on a 2-core machine at load 6-14 (the driver-kill
+test, five pipeline runs, about 8).
 """
 
 from __future__ import annotations
