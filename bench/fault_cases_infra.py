@@ -236,17 +236,35 @@ def object_deleted(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         refusal = re.search(r"DataLossError: data loss in topic \S+: offsets \[(\d+), (\d+)\)", log)
         if code != 1 or refusal is None or victim.name not in log:
             raise RuntimeError(f"deleting {victim.name} was not refused naming it (exit {code}): {pipe.log_tail()}")
-        destroyed = set(range(int(refusal.group(1)), int(refusal.group(2))))
+        destroyed = _object_offsets(etcd.endpoint, rig.topic, victim.name)
         edit_config(config, lambda d: d["source"].update(fail_on_data_loss=False))  # what the error advises
         code, seconds, log = rig.run_supervised(config, tag="skip-lost")
         assert code == 0, log
         counts = rig.tally(config, producer.sent, producer.acked)
         missing = set(producer.acked) - set(delta_ids(config.parent / "target")) - set(
             delta_ids(config.parent / "quarantine"))
-        outcome = (f"refused: DataLossError naming {victim.name}, offsets [{min(destroyed)}, {max(destroyed) + 1}); "
-                   f"rerun with failOnDataLoss=false as advised: lost = exactly those "
+        outcome = (f"refused: DataLossError naming {victim.name} (offsets {min(destroyed)}..{max(destroyed)}); "
+                   f"rerun with failOnDataLoss=false as advised: lost = exactly that object's messages "
                    f"({'yes' if missing == destroyed else 'NO: ' + str(sorted(missing))})")
         return row("object deleted under a running stream", producer, counts, seconds, rig.outcome(outcome))
+
+
+def _object_offsets(etcd_endpoint: str, topic: str, object_name: str) -> set[int]:
+    """The offsets the descriptor of `object_name` says it holds (inclusive start..end)."""
+    import json
+    import subprocess
+    import sys
+
+    from bench.fault_kit import REPO_ROOT
+
+    listing = subprocess.run([sys.executable, "-m", "broker.admin", "--etcd", etcd_endpoint, "topics", "storage", topic],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
+    for line in listing.splitlines():
+        entry = json.loads(line)
+        value = entry.get("value") or {}
+        if entry.get("kind") == "descriptor" and object_name.startswith(str(value.get("object_id", "-"))):
+            return set(range(value["start_offset"], value["end_offset"] + 1))
+    raise RuntimeError(f"no descriptor for {object_name} in {listing}")
 
 
 def _first_offset(path: Path) -> int:
