@@ -68,6 +68,14 @@ class Rig:
         poll(producer.done, deadline_s, f"{count} sends to {self.topic}")
         return producer
 
+    def produce_more(self, before: AckingProducer, count: int, deadline_s: float = 120.0) -> AckingProducer:
+        """`count` more sends after `before`'s, ids continuing; the result holds all of them."""
+        more = AckingProducer(self.broker.url, self.topic, limit=len(before.sent) + count)
+        more.sent, more.acked = list(before.sent), list(before.acked)
+        more.start()
+        poll(more.done, deadline_s, f"{count} more sends to {self.topic}")
+        return more
+
     def pipeline_file(self, name: str, sizes: Sizes, etcd: str | None = None, **source: Any) -> Path:
         """A pipeline file in `<root>/<name>/`; the pipeline and its subscription get a unique
         name (the subscription lock is cluster-wide), read back with `edit_config`."""
@@ -188,11 +196,7 @@ def checkpoint_deleted(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         code, _, log = rig.run_supervised(config, tag="first")
         assert code == 0, log
         shutil.rmtree(config.parent / "checkpoint")
-        more = AckingProducer(rig.broker.url, rig.topic, limit=sizes.after)
-        more.sent, more.acked = list(producer.sent), list(producer.acked)  # ids continue
-        more.limit = len(more.sent) + sizes.after
-        more.start()
-        poll(more.done, 120, "more sends")
+        more = rig.produce_more(producer, sizes.after)
         code, _, log = rig.run(config, tag="refused")
         refusal = re.search(r"where the tables end: (\{.*?\})\.", log)
         if code != 1 or refusal is None:

@@ -218,10 +218,12 @@ def object_deleted(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
     counted). recovery_s: the rerun."""
     small = Sizes(sizes.before, sizes.after, max(10, (sizes.before + sizes.after) // 8), sizes.register_ttl_s)
     with Rig(workdir, etcd, "object-deleted", small) as rig:
-        producer = rig.produce(sizes.before + sizes.after)
         cloud = Path(rig.storage["storage_url"])
+        producer = rig.produce(sizes.before)
+        poll(lambda: list(cloud.rglob("*.dnb1")), 120, "a first uploaded object")
+        producer = rig.produce_more(producer, sizes.after)
         objects = poll(lambda: sorted(cloud.rglob("*.dnb1"), key=_first_offset)[1:] or None, 120,
-                       "two uploaded objects")
+                       "a second uploaded object")
         config = rig.pipeline_file("deleted", small)
         pipe = Pipeline(config, config.parent / "run.log").start()
         try:
