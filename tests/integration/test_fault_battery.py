@@ -60,7 +60,7 @@ def test_deleted_object_is_refused_naming_it_and_only_its_messages_are_lost(etcd
     """The one fault that destroys data: acknowledged messages in the deleted object are lost,
     but only those, after a refusal that names them."""
     result = infra.object_deleted(tmp_path, etcd_server, SMALL)
-    assert "lost = exactly those (yes)" in result["outcome"], result
+    assert "lost = exactly that object's messages (yes)" in result["outcome"], result
     assert result["duplicated"] == 0 and result["foreign"] == 0, result
 
 
