@@ -8,3 +8,5 @@ for script in bench/bench_*.py; do
   echo "== ${script}"
   python3 "${script}"
 done
+echo "== bench/faults.py"
+python3 bench/faults.py

@@ -57,6 +57,7 @@ from pipelines.checkpoint_state import CheckpointState, PlannedRange, missing_of
 from pipelines.config import PipelineConfig, TableConfig
 from pipelines.decode import DECODE_ERROR, META_COLUMNS, PAYLOAD, Decoder, prepare
 from pipelines.expectations import FAILED, BatchQuality, QualityGate, mark_failures
+from pipelines.fault_hook import fault_point, fault_window, faulting_store
 from pipelines.metrics import BatchReport, OffsetSpan, PipelineMetrics
 from pipelines.schema_registry import SubjectSchemas
 
@@ -113,10 +114,12 @@ class DeltaBatchWriter:
             metadata = commit_metadata(self.config.name, batch_id, spans, checkpoint=checkpoint,
                                        decision=decision, lost=lost)
             written = self._write_tables(marked, counts, quality, batch_id, metadata)
+            fault_point("after_quarantine_write")  # test hook (pipelines.fault_hook), inert unless armed
             self._remember(written, checkpoint, batch_id, decision, spans)
             timings["write"] = self.clock() - mark
             mark = self.clock()
-            cursors = commit_cursors(self.reader_options, cursor_ends(spans, planned), metadata=self.metadata)
+            cursors = commit_cursors(self.reader_options, cursor_ends(spans, planned),
+                                     metadata=faulting_store(self.metadata))
             timings["cursor"] = self.clock() - mark
         finally:
             if decoded is not None:
@@ -188,7 +191,9 @@ class DeltaBatchWriter:
         Returns the locations written (a write Delta skipped as a replay counts as written)."""
         written = []
         if counts["valid"]:
-            written.append(self._write(target_rows(marked), self.config.target, batch_id, metadata))
+            with fault_window("during_target_write"):
+                written.append(self._write(target_rows(marked), self.config.target, batch_id, metadata))
+            fault_point("after_target_write")
         if counts["decode"] + counts["expectations"]:
             written.append(self._write(quarantine_rows(marked, self.config.name, batch_id), self.config.quarantine,
                                        batch_id, metadata, merge_schema=True))

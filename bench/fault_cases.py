@@ -1,0 +1,280 @@
+"""The fault battery's cases: each runs one fault against real processes on loopback and
+returns one row of the battery's table (`bench/faults.py`); `tests/integration/
+test_fault_battery.py` runs the same functions with smaller sizes and asserts 0 lost, 0
+duplicated.
+
+A row: fault, produced (sends attempted), acked (sends the client was told were written),
+rows (in the target + quarantine Delta tables), lost (acked ids not in Delta), duplicated
+(extra copies of any id), recovery_s (see each case), outcome (what the system said).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from bench.fault_kit import AckingProducer, Broker, Etcd, Pipeline, pipeline_config, poll, tally
+from pipelines.fault_hook import ENV_DELAY_MS, ENV_MARKERS, ENV_STEPS
+
+PIPELINE_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How many messages a case produces around its fault."""
+
+    before: int = 300    # acknowledged before the fault
+    after: int = 200     # acknowledged after recovery
+    batch: int = 200     # pipeline max_messages_per_trigger
+    register_ttl_s: int = 32  # the broker's registration lease (Danube's 32 s; tests use 3)
+    fault_s: float = 10.0     # how long a timed fault (etcd down or slow, S3 failing) lasts
+
+
+class Rig:
+    """One case's world: a shared etcd, a fresh broker (local cloud dir) and a work dir."""
+
+    def __init__(self, workdir: Path, etcd: Etcd, label: str, sizes: Sizes, cloud: dict | None = None,
+                 storage: dict | None = None, broker_etcd: str | None = None) -> None:
+        """`cloud`: the broker's wal_cloud.cloud (default: a local directory); `storage`: the
+        pipeline's storage_url/storage_options for it; `broker_etcd`: the broker's etcd
+        endpoint when it differs (a proxy)."""
+        self.root = Path(workdir) / f"{label}-{uuid.uuid4().hex[:6]}"
+        self.etcd = etcd
+        self.label = label
+        local = str(self.root / "cloud")
+        self.storage = storage or {"storage_url": local}
+        coordination = {"register_ttl_seconds": sizes.register_ttl_s}
+        self.broker = Broker(self.root / "broker", broker_etcd or etcd.endpoint,
+                             cloud or {"backend": "fs", "root": local}, coordination=coordination)
+        self.topic = f"/default/{label}-{uuid.uuid4().hex[:8]}"
+        self.failures: list[str] = []
+
+    def __enter__(self) -> "Rig":
+        self.broker.start().wait_listening()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.broker.stop()
+
+    def produce(self, count: int, deadline_s: float = 120.0) -> AckingProducer:
+        producer = AckingProducer(self.broker.url, self.topic, limit=count).start()
+        poll(producer.done, deadline_s, f"{count} sends to {self.topic}")
+        return producer
+
+    def produce_more(self, before: AckingProducer, count: int, deadline_s: float = 120.0) -> AckingProducer:
+        """`count` more sends after `before`'s, ids continuing; the result holds all of them."""
+        more = AckingProducer(self.broker.url, self.topic, limit=len(before.sent) + count)
+        more.sent, more.acked = list(before.sent), list(before.acked)
+        more.start()
+        poll(more.done, deadline_s, f"{count} more sends to {self.topic}")
+        return more
+
+    def pipeline_file(self, name: str, sizes: Sizes, etcd: str | None = None, **source: Any) -> Path:
+        """A pipeline file in `<root>/<name>/`; the pipeline and its subscription get a unique
+        name (the subscription lock is cluster-wide), read back with `edit_config`."""
+        source = {**self.storage, **source}
+        return pipeline_config(self.root / name, f"{name}-{uuid.uuid4().hex[:6]}", etcd or self.etcd.endpoint,
+                               source.pop("storage_url"), self.topic, max_messages_per_trigger=sizes.batch, **source)
+
+    def run(self, config: Path, env: dict | None = None, tag: str = "run") -> tuple[int, float, str]:
+        """Run a pipeline once to its end: (exit code, seconds, log tail)."""
+        started = time.monotonic()
+        pipe = Pipeline(config, config.parent / f"{tag}.log", env).start()
+        code = pipe.wait(PIPELINE_TIMEOUT_S)
+        return code, time.monotonic() - started, pipe.log_tail(60)
+
+    def run_supervised(self, config: Path, env: dict | None = None, tag: str = "run",
+                       restarts: int = 3) -> tuple[int, float, str]:
+        """Run a pipeline, restarted (as a supervisor would) while it fails with exit code 1,
+        at most `restarts` times; each failure is kept in `self.failures` for the outcome."""
+        for attempt in range(restarts + 1):
+            code, seconds, log = self.run(config, env, f"{tag}-{attempt}" if attempt else tag)
+            if code != 1:
+                return code, seconds, log
+            self.failures.append(_failure(log))
+        return code, seconds, log
+
+    def outcome(self, text: str) -> str:
+        if not self.failures:
+            return text
+        return f"{text}; pipeline failed {len(self.failures)}x and was restarted ({'; '.join(self.failures)})"
+
+    def tally(self, config: Path, produced: list[int], acked: list[int]) -> dict[str, int]:
+        return tally(produced, acked, [config.parent / "target", config.parent / "quarantine"])
+
+
+def _failure(log: str) -> str:
+    """The first line that says why a pipeline run failed."""
+    for marker in ("EOFException", "Error:", "ERROR pipelines"):
+        line = next((l for l in log.splitlines() if marker in l), None)
+        if line:
+            return line.strip()[:160]
+    return "exit 1"
+
+
+def edit_config(config: Path, change: Callable[[dict], None] | None = None) -> dict:
+    """Apply `change` to a pipeline file's content (if given); return the content."""
+    data = yaml.safe_load(config.read_text())
+    if change is not None:
+        change(data)
+        config.write_text(yaml.safe_dump(data))
+    return data
+
+
+def streaming(config: Path) -> Path:
+    """Make a pipeline file's trigger processingTime (500 ms)."""
+    edit_config(config, lambda d: d.update(trigger={"mode": "processingTime", "interval": "500 ms"}))
+    return config
+
+
+def row(fault: str, producer: AckingProducer, counts: dict, recovery_s: float | None, outcome: str) -> dict:
+    return {"fault": fault, "produced": len(producer.sent), "acked": len(producer.acked), **counts,
+            "recovery_s": None if recovery_s is None else round(recovery_s, 2), "outcome": outcome}
+
+
+def broker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
+    """kill -9 of the broker while the official client produces; restart on the same WAL dir
+    and port; every acknowledged message must reach Delta once. recovery_s: restart -> first
+    acknowledged send (goal <= 3 s)."""
+    with Rig(workdir, etcd, "broker-kill", sizes) as rig:
+        producer = AckingProducer(rig.broker.url, rig.topic).start()
+        try:
+            poll(lambda: len(producer.acked) >= sizes.before, 120, f"{sizes.before} acks before the kill")
+            rig.broker.kill9()
+            acked_at_kill = len(producer.acked)
+            restarted = time.monotonic()
+            rig.broker.start()
+            first = poll(lambda: producer.first_ack_after(restarted), 120, "first ack after the restart")
+            poll(lambda: len(producer.acked) >= acked_at_kill + sizes.after, 120, f"{sizes.after} acks after")
+        finally:
+            producer.stop()
+        config = rig.pipeline_file("kill9", sizes)
+        code, _, log = rig.run_supervised(config)
+        if code != 0:
+            raise RuntimeError(f"pipeline after broker kill -9 exited {code}: {log}")
+        counts = rig.tally(config, producer.sent, producer.acked)
+        return row("broker kill -9 while producing", producer, counts, first - restarted,
+                   rig.outcome(f"{len(producer.sent) - len(producer.acked)} sends failed during the restart"))
+
+
+def driver_kill9(workdir: Path, etcd: Etcd, sizes: Sizes, steps: tuple[str, ...]) -> dict:
+    """The pipeline's driver SIGKILLed at each of `steps` of a batch (pipelines.fault_hook),
+    restarted until it completes. recovery_s: the last restart -> the pipeline done."""
+    with Rig(workdir, etcd, "driver-kill", sizes) as rig:
+        producer = rig.produce(sizes.before + sizes.after)
+        config = rig.pipeline_file("driver", sizes)
+        env = {ENV_STEPS: ",".join(steps), ENV_MARKERS: str(config.parent / "markers"), ENV_DELAY_MS: "200"}
+        codes = []
+        for attempt in range(len(steps) + 1):
+            code, seconds, log = rig.run_supervised(config, env, tag=f"attempt-{attempt}")
+            codes.append(code)
+            if code == 0:
+                break
+            if code != -9:
+                raise RuntimeError(f"pipeline attempt {attempt} exited {code}, not by the fault hook: {log}")
+        fired = sorted(p.name for p in (config.parent / "markers").glob("*.fired"))
+        if codes[-1] != 0 or len(fired) != len(steps):
+            raise RuntimeError(f"exit codes {codes}, fired {fired}: {log}")
+        counts = rig.tally(config, producer.sent, producer.acked)
+        return row("driver kill -9 " + "+".join(steps), producer, counts, seconds, rig.outcome(f"exit codes {codes}"))
+
+
+def checkpoint_deleted(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
+    """The checkpoint deleted after a run: the restart must refuse (CheckpointMismatchError),
+    and following the error's advice (new name, its starting offsets) lands the rest once.
+    recovery_s: the advised run's duration."""
+    with Rig(workdir, etcd, "ckpt-deleted", sizes) as rig:
+        producer = rig.produce(sizes.before)
+        config = rig.pipeline_file("ckpt", sizes)
+        code, _, log = rig.run_supervised(config, tag="first")
+        assert code == 0, log
+        shutil.rmtree(config.parent / "checkpoint")
+        more = rig.produce_more(producer, sizes.after)
+        code, _, log = rig.run(config, tag="refused")
+        refusal = re.search(r"where the tables end: (\{.*?\})\.", log)
+        if code != 1 or refusal is None:
+            raise RuntimeError(f"a deleted checkpoint was not refused (exit {code}): {log}")
+        def advice(data: dict) -> None:
+            data["name"] += "-resumed"
+            data["source"]["starting_offsets"] = refusal.group(1)
+
+        edit_config(config, advice)
+        code, seconds, log = rig.run_supervised(config, tag="advised")
+        assert code == 0, log
+        counts = rig.tally(config, more.sent, more.acked)
+        return row("checkpoint deleted, restarted", more, counts, seconds,
+                   rig.outcome("refused with CheckpointMismatchError; its advice resumed exactly"))
+
+
+def same_subscription_twice(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
+    """The same pipeline started twice at once: one consumes, the other waits for the
+    subscription lock and finds nothing left. recovery_s: the later one's end."""
+    with Rig(workdir, etcd, "two-pipelines", sizes) as rig:
+        producer = rig.produce(sizes.before + sizes.after)
+        config = rig.pipeline_file("twice", sizes)
+        started = time.monotonic()
+        pipes = [Pipeline(config, config.parent / f"p{i}.log").start() for i in range(2)]
+        codes = [p.wait(PIPELINE_TIMEOUT_S) for p in pipes]
+        if 1 in codes:  # one failed: the supervisor restarts it once both are done
+            rig.failures.append(_failure(pipes[codes.index(1)].log_tail(60)))
+            codes.append(rig.run_supervised(config, tag="restart")[0])
+            codes = [c for c in codes if c != 1]
+        seconds = time.monotonic() - started
+        if set(codes) != {0}:
+            raise RuntimeError(f"exit codes {codes}: {pipes[0].log_tail()} {pipes[1].log_tail()}")
+        counts = rig.tally(config, producer.sent, producer.acked)
+        waited = sum("still locked" in p.log_path.read_text(errors="replace") for p in pipes)
+        return row("two pipelines on one subscription", producer, counts, seconds,
+                   rig.outcome(f"exit codes {codes}; {waited} waited for the lock"))
+
+
+def lock_lease_lost(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
+    """The subscription lock's lease revoked under a running processingTime query: the query
+    must stop with an error naming the lock; a restart lands everything once.
+    recovery_s: restart -> every acknowledged message in Delta."""
+    from danube_core.keys import subscription_lock_key
+
+    with Rig(workdir, etcd, "lease-lost", sizes) as rig:
+        producer = rig.produce(sizes.before)
+        config = streaming(rig.pipeline_file("lease", sizes))
+        subscription = edit_config(config)["source"]["subscription"]
+        pipe = Pipeline(config, config.parent / "first.log").start()
+        try:
+            poll(lambda: rig.tally(config, producer.sent, producer.acked)["rows"] > 0, 300, "first rows in Delta")
+            _revoke_lease_of(etcd.endpoint, subscription_lock_key("/danube-data", subscription))
+            code = pipe.process.wait(120)
+        finally:
+            pipe.kill9()
+        log = pipe.log_path.read_text(errors="replace")
+        if code != 1 or "lost the subscription lock" not in log:
+            raise RuntimeError(f"lost lock lease not reported (exit {code}): {pipe.log_tail(40)}")
+        restart = Pipeline(config, config.parent / "second.log").start()
+        restarted = time.monotonic()
+        try:
+            poll(lambda: rig.tally(config, producer.sent, producer.acked)["lost"] == 0, 300, "everything in Delta")
+            seconds = time.monotonic() - restarted
+        finally:
+            restart.kill9()
+        counts = rig.tally(config, producer.sent, producer.acked)
+        return row("lock lease lost mid-query", producer, counts, seconds, "query stopped: lost the subscription lock")
+
+
+def _revoke_lease_of(endpoint: str, key: str) -> None:
+    import pyetcd
+
+    host, port = endpoint.rsplit(":", 1)
+    client = pyetcd.client(host=host, port=int(port))
+    try:
+        value, meta = client.get(key)
+        if value is None or not meta.lease_id:
+            raise RuntimeError(f"no leased lock at {key}")
+        client.revoke_lease(meta.lease_id)
+    finally:
+        client.close()
