@@ -9,6 +9,8 @@ test, five pipeline runs, about 8).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bench import fault_cases as cases
@@ -16,6 +18,12 @@ from bench import fault_cases_infra as infra
 from pipelines.fault_hook import STEPS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# Every case starts pipeline JVMs: the suite runs the broker, etcd and S3 faults; the rest run in
+# the battery (`python bench/faults.py`) and here with DANUBE_FAULT_BATTERY=full.
+FULL = os.environ.get("DANUBE_FAULT_BATTERY") == "full"
+battery_only = pytest.mark.skipif(not FULL, reason="in the full battery: python bench/faults.py, or "
+                                                   "DANUBE_FAULT_BATTERY=full ./run-tests.sh")
 
 SMALL = cases.Sizes(before=40, after=30, batch=100, register_ttl_s=3, fault_s=4.0)
 
@@ -33,6 +41,7 @@ def test_broker_kill9_while_producing_loses_no_acknowledged_message(etcd_server,
     assert result["recovery_s"] is not None
 
 
+@battery_only
 def test_driver_killed_at_every_step_of_a_batch_replays_exactly_once(etcd_server, tmp_path):
     """One pipeline, killed at each step in turn (each replay of the batch dies at the next
     step), then run through."""
@@ -40,6 +49,7 @@ def test_driver_killed_at_every_step_of_a_batch_replays_exactly_once(etcd_server
     assert result["outcome"].startswith(f"exit codes {[-9] * len(STEPS) + [0]}"), result
 
 
+@battery_only
 def test_python_worker_killed_mid_task(etcd_server, tmp_path):
     exactly_once(infra.worker_kill9(tmp_path, etcd_server, SMALL))
 
@@ -48,6 +58,7 @@ def test_etcd_killed_and_restarted_under_a_stream(etcd_server, tmp_path):
     exactly_once(infra.etcd_kill_restart(tmp_path, etcd_server, SMALL))
 
 
+@battery_only
 def test_etcd_slowed_past_its_request_timeout(etcd_server, tmp_path):
     exactly_once(infra.etcd_slow(tmp_path, etcd_server, SMALL))
 
@@ -56,6 +67,7 @@ def test_s3_slowdown_and_dropped_connections(etcd_server, tmp_path):
     exactly_once(infra.s3_faults(tmp_path, etcd_server, SMALL))
 
 
+@battery_only
 def test_deleted_object_is_refused_naming_it_and_only_its_messages_are_lost(etcd_server, tmp_path):
     """The one fault that destroys data: acknowledged messages in the deleted object are lost,
     but only those, after a refusal that names them."""
@@ -64,13 +76,16 @@ def test_deleted_object_is_refused_naming_it_and_only_its_messages_are_lost(etcd
     assert result["duplicated"] == 0 and result["foreign"] == 0, result
 
 
+@battery_only
 def test_deleted_checkpoint_is_refused_and_its_advice_resumes_exactly(etcd_server, tmp_path):
     exactly_once(cases.checkpoint_deleted(tmp_path, etcd_server, SMALL))
 
 
+@battery_only
 def test_same_pipeline_started_twice_on_one_subscription(etcd_server, tmp_path):
     exactly_once(cases.same_subscription_twice(tmp_path, etcd_server, SMALL))
 
 
+@battery_only
 def test_lock_lease_lost_mid_query_stops_it_and_a_restart_is_exact(etcd_server, tmp_path):
     exactly_once(cases.lock_lease_lost(tmp_path, etcd_server, SMALL))
