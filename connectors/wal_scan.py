@@ -126,6 +126,7 @@ class WalFinder:
         self._scanner = WalDirScanner()
         self.unreachable: dict[str, UnreachableWal] = {}  # topic -> why its owner's WAL is unread
         self.stale_runs: dict[str, list[WalRun]] = {}  # topic -> runs of the last call not chained
+        self._unreadable_others: set[str] = set()  # other brokers' WAL dirs already warned about
 
     @property
     def per_broker(self) -> bool:
@@ -156,7 +157,7 @@ class WalFinder:
                 self.unreachable[str(topic)] = UnreachableWal(
                     owner, owner_dir, "its WAL directory does not exist (or holds no WAL files)")
         if head is None or head.first_offset > needed_from:
-            others = [run for d in other_dirs for run in self._runs(d, needed_from).runs]
+            others = [run for d in other_dirs for run in self._other_runs(d, needed_from)]
             if head is None:
                 head = max((r for r in others if r.first_offset <= needed_from < r.stop_offset),
                            key=lambda r: r.stop_offset, default=None)
@@ -164,6 +165,20 @@ class WalFinder:
         chain = chain_wal_runs(head, runs, needed_from) if head is not None else []
         self.stale_runs[str(topic)] = _not_leading_to(chain, runs, needed_from)
         return chain
+
+    def _other_runs(self, dir_url: str, needed_from: int) -> list[WalRun]:
+        """Runs of another broker's WAL dir, best effort: it is only consulted for frames a
+        previous owner may still hold, and a dead broker's WAL server may be gone for good. If
+        frames were needed from it, the planner reports them missing (data loss), loudly."""
+        from danube_core.errors import ObjectStoreError
+
+        try:
+            return self._runs(dir_url, needed_from).runs
+        except ObjectStoreError as exc:
+            if dir_url not in self._unreadable_others:
+                self._unreadable_others.add(dir_url)
+                logger.warning("skipping the WAL of a previous owner: %s", exc)
+            return []
 
     def _no_url_reason(self, broker_id: int) -> str:
         if self._map is not None:

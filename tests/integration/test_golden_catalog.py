@@ -194,3 +194,17 @@ def test_wal_root_that_misses_the_owner_names_the_tail(golden, wal_root, reason)
         assert cat.latest_offsets([scenario.topic]) == {scenario.topic: 1600}
     tail = cat.unread_tails()[scenario.topic]
     assert reason in tail["reason"] and tail["broker"] == broker_ids("normal")["wal"]
+
+
+def test_a_dead_brokers_unreachable_wal_server_does_not_fail_reads(golden):
+    """Regression: a broker that served its WAL over HTTP and died leaves its state record
+    (with that wal_url) behind; other topics' reads must not fail on its dead server."""
+    from danube_core.keys import broker_state_key
+    from danube_core.records import BrokerState
+
+    scenario = golden("normal")
+    cat, store = catalog(scenario, "auto")
+    with store:
+        store.put(broker_state_key(42), BrokerState("active", "boot", wal_url=f"http://127.0.0.1:{free_port()}/").to_json())
+        found, _, _ = read_all(cat, [scenario.topic])
+    assert found == {k: v for k, v in expected("normal").items() if k[1] < 1600}
