@@ -41,10 +41,14 @@ class FakeStorage:
         stop_event.wait()
 
 
-async def _collect(stream, count: int) -> list[int]:
+async def _collect(stream, count: int, ack=None) -> list[int]:
+    """The offsets of the first `count` messages; `ack` (if given) acknowledges each one, so
+    stopping early (which detaches the stream) does not hand them to another consumer."""
     got = []
     async for msg in stream:
         got.append(msg.msg_id.topic_offset)
+        if ack is not None:
+            ack(msg.msg_id.topic_offset)
         if len(got) == count:
             break
     return got
