@@ -11,6 +11,7 @@ refused admin request, 2 for a bad configuration.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -36,7 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--tenant", required=True)
     worker.add_argument("--id", default=f"{socket.gethostname()}-{os.getpid()}", help="worker id")
     worker.add_argument("--masters", required=True, help="host:port of the masters (comma-separated)")
-    worker.add_argument("--address", default="", help="address this worker serves queries on (reported)")
+    worker.add_argument("--listen", default="127.0.0.1:0",
+                        help="host:port of the worker's Flight query service (port 0: any free port)")
+    worker.add_argument("--address", default="",
+                        help="address the gateway reaches the Flight service at (default: the listen address)")
+    worker.add_argument("--max-result-rows", type=int, default=1_000_000, help="cap on a query's result rows")
+    worker.add_argument("--max-result-mb", type=int, default=256, help="cap on a query's result size")
+    worker.add_argument("--query-timeout-ms", type=int, default=30_000, help="cap on a query's deadline")
     worker.add_argument("--memory-mb", type=int, default=2048, help="DuckDB memory limit and reported capacity")
     worker.add_argument("--threads", type=int, default=2, help="DuckDB threads")
     worker.add_argument("--cpu-cores", type=int, default=os.cpu_count() or 1)
@@ -89,12 +96,36 @@ def _worker(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, role="worker", tenant_id=args.tenant, worker_id=args.id)
     serve_metrics(args.metrics_port)
     agent = WorkerAgent(WorkerConfig(
-        tenant=args.tenant, worker_id=args.id, masters=args.masters.split(","), address=args.address,
+        tenant=args.tenant, worker_id=args.id, masters=args.masters.split(","),
         memory_bytes=args.memory_mb * 1024 * 1024, cpu_cores=args.cpu_cores, threads=args.threads,
         storage_options=storage_options))
+    server = _query_server(args, agent)
+    host = args.listen.rpartition(":")[0]
+    # Registered with the master (RegisterEvent.address -> /workers/{tenant}/{id}) for the gateway.
+    agent.config = dataclasses.replace(agent.config, address=args.address or f"{host}:{server.port}")
     _until_signal(agent.stop)
-    agent.run()
+    try:
+        agent.run()
+    finally:
+        server.shutdown()
     return 0
+
+
+def _query_server(args: argparse.Namespace, agent):
+    from speedlayer.query.protocol import QueryLimits
+    from speedlayer.worker.flight_server import WorkerFlightServer
+
+    for name, value in (("--max-result-rows", args.max_result_rows), ("--max-result-mb", args.max_result_mb),
+                        ("--query-timeout-ms", args.query_timeout_ms)):
+        if value < 1:
+            raise ConfigError(f"{name} {value}: expected an integer >= 1")
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--listen {args.listen!r}: expected host:port")
+    limits = QueryLimits(max_rows=args.max_result_rows, max_bytes=args.max_result_mb * 1024 * 1024,
+                         timeout_ms=args.query_timeout_ms)
+    return WorkerFlightServer(f"grpc://{args.listen}", tenant=args.tenant, served=agent.served,
+                              cursor=agent.loader.cursor, limits=limits)
 
 
 def main(argv: list[str] | None = None) -> int:
