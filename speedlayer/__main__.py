@@ -1,11 +1,13 @@
-"""`python -m speedlayer master|worker|admin ...`: run a master, run a worker, or administer.
+"""`python -m speedlayer master|worker|gateway|admin|query ...`: run the speed layer, administer, query.
 
     python -m speedlayer master --config conf/speedlayer.yaml [--id m1] [--port 7701]
     python -m speedlayer worker --tenant acme --id w1 --masters 127.0.0.1:7701,127.0.0.1:7702
+    python -m speedlayer gateway --config conf/speedlayer.yaml [--port 7800]
     python -m speedlayer admin --masters 127.0.0.1:7701 admit --tenant acme --dataset orders --delta /data/orders
+    python -m speedlayer query --gateway 127.0.0.1:7800 --tenant acme --dataset orders "SELECT count(*) FROM orders"
 
-Masters and workers run until SIGINT/SIGTERM. Exit codes: 0 after a clean stop, 1 for a
-refused admin request, 2 for a bad configuration.
+Masters, workers and gateways run until SIGINT/SIGTERM. Exit codes: 0 after a clean stop, 1 for
+a refused admin request or a failed query, 2 for a bad configuration.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import signal
 import socket
@@ -21,7 +24,7 @@ import threading
 
 from danube_core.errors import ConfigError, DanubeError
 
-from speedlayer import admin
+from speedlayer import admin, query_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,7 +54,14 @@ def _parser() -> argparse.ArgumentParser:
                         help='JSON: fsspec options per protocol, e.g. {"s3": {"key": "...", "client_kwargs": {...}}}')
     worker.add_argument("--metrics-port", type=int)
     worker.add_argument("--log-level", default="INFO")
+    gateway = sub.add_parser("gateway", help="run a Data Gateway (Arrow Flight)")
+    gateway.add_argument("--config", help="YAML config (conf/speedlayer.yaml, section gateway)")
+    gateway.add_argument("--host", help="listen host (overrides gateway.host)")
+    gateway.add_argument("--port", type=int, help="Flight port (overrides gateway.port; 0: any free port)")
+    gateway.add_argument("--metrics-port", type=int, help="Prometheus port (overrides gateway.metrics_port)")
+    gateway.add_argument("--log-level", default="INFO")
     admin.add_parser(sub)
+    query_cli.add_parser(sub)
     return parser
 
 
@@ -128,6 +138,36 @@ def _query_server(args: argparse.Namespace, agent):
                               cursor=agent.loader.cursor, limits=limits)
 
 
+def _gateway(args: argparse.Namespace) -> int:
+    from danube_core.metadata import EtcdMetadataStore
+    from speedlayer.config import load_gateway_config
+    from speedlayer.gateway.routing import RoutingTable
+    from speedlayer.gateway.server import GatewayFlightServer
+    from speedlayer.keys import SpeedLayerKeys
+    from speedlayer.observability.logs import configure_logging
+    from speedlayer.observability.metrics import serve_metrics
+
+    config = load_gateway_config(args.config, {"host": args.host, "port": args.port,
+                                               "metrics_port": args.metrics_port})
+    configure_logging(args.log_level, role="gateway")
+    serve_metrics(config.metrics_port)
+    store = EtcdMetadataStore(config.etcd_endpoints)
+    routing = RoutingTable(store, SpeedLayerKeys(config.key_root)).start()
+    server = GatewayFlightServer(config, routing)
+    done = threading.Event()
+    _until_signal(done.set)
+    logging.getLogger("speedlayer.gateway").info("gateway serving on %s:%d", config.host, server.port)
+    print(f"gateway listening on {config.host}:{server.port}", flush=True)
+    try:
+        while not done.wait(1.0):
+            pass
+    finally:
+        server.shutdown()
+        routing.close()
+        store.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -135,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
             return _master(args)
         if args.command == "worker":
             return _worker(args)
+        if args.command == "gateway":
+            return _gateway(args)
+        if args.command == "query":
+            return query_cli.run(args)
         return admin.run(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
