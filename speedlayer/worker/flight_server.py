@@ -45,7 +45,9 @@ WATCHDOG_INTERVAL_S = 0.02
 class _Running:
     cursor: object
     deadline: float
-    context: flight.ServerCallContext
+    # Only while `do_get` runs: a call's context must not be touched once the call may have
+    # ended (it is freed with the call), so it is detached before `do_get` returns.
+    context: flight.ServerCallContext | None
     reason: str = ""  # "timeout" or "cancelled" once interrupted
 
 
@@ -74,24 +76,33 @@ class QueryWatchdog:
         with self._lock:
             self._running.pop(token, None)
 
+    def detach_context(self, token: int) -> None:
+        with self._lock:
+            running = self._running.get(token)
+            if running is not None:
+                running.context = None
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             now = time.monotonic()
+            # Checked under the lock: unwatch/detach (before the call ends) wait for it.
             with self._lock:
-                running = list(self._running.values())
-            for query in running:
-                if query.reason:
-                    continue
-                if now >= query.deadline:
-                    query.reason = "timeout"
-                elif query.context.is_cancelled():
-                    query.reason = "cancelled"
-                else:
-                    continue
-                try:
-                    query.cursor.interrupt()
-                except Exception:  # the query may have just finished
-                    logger.debug("interrupt failed", exc_info=True)
+                for query in self._running.values():
+                    if not query.reason:
+                        self._check(query, now)
+
+    @staticmethod
+    def _check(query: _Running, now: float) -> None:
+        if now >= query.deadline:
+            query.reason = "timeout"
+        elif query.context is not None and query.context.is_cancelled():
+            query.reason = "cancelled"
+        else:
+            return
+        try:
+            query.cursor.interrupt()
+        except Exception:  # the query may have just finished
+            logger.debug("interrupt failed", exc_info=True)
 
 
 def check_select(sql: str, dataset: str) -> None:
@@ -157,6 +168,7 @@ class WorkerFlightServer(flight.FlightServerBase):
         except BaseException:
             self._finish(token, pin, cursor)
             raise
+        self.watchdog.detach_context(token)
         self.queries += 1
         return reader.schema, self._stream(first, reader, request, running, limits, served.epoch, token, pin, cursor)
 
