@@ -51,13 +51,13 @@ def run(args: argparse.Namespace) -> int:
         for row in rows:
             print(json.dumps(row, default=str))
     else:
-        print(_render(table.column_names, rows))
+        print(render_rows(table.column_names, rows))
     more = f" (first {MAX_PRINTED_ROWS} shown)" if table.num_rows > MAX_PRINTED_ROWS else ""
     print(f"{table.num_rows} row(s){more} in {elapsed_ms:.1f} ms", file=sys.stderr if args.format == "json" else sys.stdout)
     return 0
 
 
-def _render(columns: list[str], rows: list[dict]) -> str:
+def render_rows(columns: list[str], rows: list[dict]) -> str:
     cells = [[str(c) for c in columns]] + [["NULL" if r[c] is None else str(r[c]) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = [" | ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
