@@ -176,7 +176,10 @@ class WorkerFlightServer(flight.FlightServerBase):
         import duckdb
 
         try:
-            return cursor.sql(request.sql).to_arrow_reader(BATCH_ROWS)
+            relation = cursor.sql(request.sql)
+            # duckdb >= 1.4 names it to_arrow_reader; older releases fetch_arrow_reader.
+            to_reader = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
+            return to_reader(BATCH_ROWS)
         except duckdb.InterruptException as exc:
             raise self._interrupted(running, request, limits, epoch) from exc
         except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
