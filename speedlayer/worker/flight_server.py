@@ -130,7 +130,6 @@ class WorkerFlightServer(flight.FlightServerBase):
         self.limits = limits or QueryLimits()
         self.watchdog = QueryWatchdog()
         self.watchdog.start()
-        self.queries = 0
 
     def shutdown(self) -> None:
         self.watchdog.stop()
@@ -169,7 +168,6 @@ class WorkerFlightServer(flight.FlightServerBase):
             self._finish(token, pin, cursor)
             raise
         self.watchdog.detach_context(token)
-        self.queries += 1
         return reader.schema, self._stream(first, reader, request, running, limits, served.epoch, token, pin, cursor)
 
     def _run(self, cursor, request: QueryRequest, running: _Running, limits: QueryLimits, epoch: str):
