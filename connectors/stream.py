@@ -65,7 +65,8 @@ class _DriverState:
     """What the long-lived driver-side process holds for one query."""
 
     def __init__(self, options: DanubeOptions) -> None:
-        from connectors.cursor_commit import CursorWriter, SubscriptionLock
+        from connectors.cursor_commit import CursorWriter
+        from connectors.subscription_lock import SubscriptionLock
         from danube_core.cached_store import CachedMetadataStore
         from danube_core.local_cache import LocalCache
 
@@ -124,7 +125,9 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._state
 
     def _offset(self, positions: Mapping[str, int]) -> dict:
-        return SourceOffset(dict(positions), self.options.subscription, self.options.etcd.endpoints).to_json_dict()
+        lock = self._state.lock.token if self._state is not None else None
+        return SourceOffset(dict(positions), self.options.subscription, self.options.etcd.endpoints,
+                            lock=lock).to_json_dict()
 
     def initialOffset(self) -> dict:
         state = self._driver()
@@ -163,6 +166,8 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._report_lag(state, begin, latest, snapshots)
         end = self._admit(state, begin, latest, limit, snapshots)
         self._report_losses(state, begin, end, snapshots)
+        if end == SourceOffset.from_json_dict(start).positions:
+            return start  # nothing new: the same offset (a restarted run's lock must not look like data)
         return self._offset(end)
 
     def _report_restarts(self, state: _DriverState, begin: Mapping[str, int]) -> None:
@@ -240,13 +245,18 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         state = self._driver()
-        stop = SourceOffset.from_json_dict(end).positions
+        end_offset = SourceOffset.from_json_dict(end)
+        state.lock.adopt(end_offset.lock)  # a batch planned by this query's earlier run, replayed
+        stop = end_offset.positions
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, stop, state.catalog)
         return list(plan_partitions(state.catalog, self.options, begin, stop, state.skipped,
                                     recheck=state.etcd_catalog))
 
     def commit(self, end: dict) -> None:
-        self._driver().writer.commit(SourceOffset.from_json_dict(end).positions)
+        state = self._driver()
+        offset = SourceOffset.from_json_dict(end)
+        state.lock.adopt(offset.lock)
+        state.writer.commit(offset.positions, offset.lock)
 
     def stop(self) -> None:
         if self._state is not None:

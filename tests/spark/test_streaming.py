@@ -179,3 +179,39 @@ def test_second_live_query_on_a_subscription_is_refused(spark, danube_env: Danub
         assert first.isActive
     finally:
         first.stop()
+
+
+def test_a_query_that_lost_its_lock_stops_and_leaves_the_new_owners_cursor(spark, danube_env: DanubeEnv, unique_name,
+                                                                            tmp_path) -> None:
+    """The lock's etcd lease revoked mid-query and the subscription taken over by another
+    owner: the query stops with an error naming the subscription, and the batch it read after
+    the loss moves no cursor (the new owner's stays where it was)."""
+    import pyetcd
+
+    from connectors.subscription_lock import SubscriptionLock
+
+    name, sub = f"/default/{unique_name('lease')}", unique_name("sub")
+    topic = danube_env.topic(name)
+    topic.append(5)
+    query = (stream(spark, danube_env, topic=name, subscription=sub).writeStream.format("noop")
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(processingTime="500 milliseconds").start())
+    other = None
+    try:
+        eventually(lambda: cursor(danube_env, name, sub) == 4, 120)
+        lock_key = keys.subscription_lock_key("/danube-data", sub)
+        lease = load_json(danube_env.metadata.get(lock_key), lock_key)["lease"]
+        host, port = danube_env.options["etcd.endpoints"].rsplit(":", 1)
+        client = pyetcd.client(host=host, port=int(port))
+        try:
+            client.revoke_lease(int(lease, 16))
+        finally:
+            client.close()
+        other = SubscriptionLock(danube_env.metadata, "/danube-data", sub)  # another query takes over
+        topic.append(5)  # the stopped owner's next batch would move the cursor to 9
+        with pytest.raises(Exception, match=f"subscription '{sub}': lost the subscription lock"):
+            query.awaitTermination(120)
+        assert cursor(danube_env, name, sub) == 4
+    finally:
+        query.stop()
+        if other is not None:
+            other.release()
