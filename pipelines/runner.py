@@ -65,6 +65,24 @@ def reader_options(source: SourceConfig) -> dict[str, str]:
     return options
 
 
+def lost_offsets_option(config: PipelineConfig) -> dict[str, str]:
+    """With failOnDataLoss=false, executors record the offsets they skip under the checkpoint
+    (`connectors.loss_records`), so query progress counts them; only for a checkpoint fsspec
+    can reach too (a local path, `file://`, `s3://`, ...; not e.g. `dbfs:/`)."""
+    if config.source.fail_on_data_loss:
+        return {}
+    from urllib.parse import urlsplit
+
+    from fsspec.registry import known_implementations
+
+    scheme = urlsplit(config.checkpoint).scheme
+    if scheme and scheme not in known_implementations:
+        logger.info("pipeline %s: executor-side data loss is logged, not counted in query progress "
+                    "(fsspec cannot reach the checkpoint %s)", config.name, config.checkpoint)
+        return {}
+    return {opt.LOST_OFFSETS_LOCATION: f"{config.checkpoint.rstrip('/')}/danube-lost-offsets"}
+
+
 def _text(value: int | None) -> str | None:
     return None if value is None else str(value)
 
@@ -74,7 +92,7 @@ class PipelineRunner:
 
     def __init__(self, config: PipelineConfig, spark: SparkSession | None = None) -> None:
         self.config = config
-        self.options = reader_options(config.source)
+        self.options = {**lost_offsets_option(config), **reader_options(config.source)}
         try:
             parsed = opt.parse_options(self.options)
         except ConfigError as exc:
