@@ -258,11 +258,13 @@ def lock_lease_lost(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         log = pipe.log_path.read_text(errors="replace")
         if code != 1 or "lost the subscription lock" not in log:
             raise RuntimeError(f"lost lock lease not reported (exit {code}): {pipe.log_tail(40)}")
+        producer = rig.produce_more(producer, sizes.after)  # the restart has work of its own
         restart = Pipeline(config, config.parent / "second.log").start()
         restarted = time.monotonic()
         store = EtcdMetadataStore(etcd.endpoint)
         try:
-            poll(lambda: rig.tally(config, producer.sent, producer.acked)["lost"] == 0, 300, "everything in Delta")
+            poll(lambda: rig.tally(config, producer.sent, producer.acked)["lost"] == 0, PIPELINE_TIMEOUT_S,
+                 "everything in Delta", 0.5)
             seconds = time.monotonic() - restarted
             release_s = _sigterm_release_s(restart, store, lock_key)
         finally:
@@ -279,7 +281,7 @@ def _sigterm_release_s(pipe: Pipeline, store: Any, lock_key: str) -> float:
     """SIGTERM a running pipeline; seconds until its subscription lock key is gone."""
     import signal
 
-    poll(lambda: store.get(lock_key) is not None, 60, f"lock {lock_key} held")
+    poll(lambda: store.get(lock_key) is not None, PIPELINE_TIMEOUT_S, f"lock {lock_key} held")
     sent = time.monotonic()
     assert pipe.process is not None
     pipe.process.send_signal(signal.SIGTERM)
