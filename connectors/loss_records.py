@@ -32,9 +32,12 @@ import hashlib
 import json
 import logging
 import uuid
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from connectors.data_loss import LostRange
+
+if TYPE_CHECKING:
+    from connectors.options import DanubeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -87,3 +90,21 @@ def collect(location: str, storage_options: Mapping[str, object]) -> dict[str, i
             counts[topic] = counts.get(topic, 0) + max(0, end - start)
         fs.rm(name)
     return counts
+
+
+def location_storage_options(options: "DanubeOptions") -> dict:
+    """`storage.*` options apply to the lost-offsets location when it is on the same kind of
+    storage as the topic data (e.g. both `s3://`), not to a local or another filesystem."""
+    from urllib.parse import urlsplit
+
+    same = urlsplit(options.lost_offsets_location or "").scheme == urlsplit(options.storage_url).scheme
+    return dict(options.storage_options) if same else {}
+
+
+def fold(options: "DanubeOptions", skipped: dict[str, int]) -> None:
+    """Driver side, each trigger: add what executors recorded since the last one to `skipped`."""
+    assert options.lost_offsets_location is not None
+    for topic, count in collect(options.lost_offsets_location, location_storage_options(options)).items():
+        skipped[topic] = skipped.get(topic, 0) + count
+        logger.warning("subscription %s: executors skipped %d lost offsets of %s (failOnDataLoss=false)",
+                       options.subscription, count, topic)

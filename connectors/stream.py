@@ -165,7 +165,10 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snapshots = state.catalog.snapshots({t: max(0, min(begin[t], e) - 1) for t, e in latest.items()}, latest)
         self._report_lag(state, begin, latest, snapshots)
         end = self._admit(state, begin, latest, limit, snapshots)
-        self._fold_executor_losses(state)
+        if self.options.lost_offsets_location is not None and not self.options.fail_on_data_loss:
+            from connectors.loss_records import fold
+
+            fold(self.options, state.skipped)
         self._report_losses(state, begin, end, snapshots)
         if end == SourceOffset.from_json_dict(start).positions:
             return start  # nothing new: the same offset (a restarted run's lock must not look like data)
@@ -253,32 +256,13 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         partitions = plan_partitions(state.catalog, self.options, begin, stop, state.skipped, recheck=state.etcd_catalog)
         if self.options.lost_offsets_location is None or self.options.fail_on_data_loss:
             return list(partitions)
-        from connectors.loss_records import record_url
+        from connectors.loss_records import location_storage_options, record_url
 
-        location, storage = self.options.lost_offsets_location, self._loss_storage_options()
+        location, storage = self.options.lost_offsets_location, location_storage_options(self.options)
         for partition in partitions:
             partition.loss_record = record_url(location, begin, stop, partition.value)
             partition.loss_storage_options = storage
         return list(partitions)
-
-    def _loss_storage_options(self) -> dict:
-        """`storage.*` options apply to the lost-offsets location when it is on the same kind of
-        storage as the topic data (e.g. both `s3://`), not to a local or other filesystem."""
-        from urllib.parse import urlsplit
-
-        same = urlsplit(self.options.lost_offsets_location or "").scheme == urlsplit(self.options.storage_url).scheme
-        return dict(self.options.storage_options) if same else {}
-
-    def _fold_executor_losses(self, state: _DriverState) -> None:
-        """Add the offsets executors skipped since the last trigger (connectors.loss_records)."""
-        if self.options.lost_offsets_location is None or self.options.fail_on_data_loss:
-            return
-        from connectors.loss_records import collect
-
-        for topic, count in collect(self.options.lost_offsets_location, self._loss_storage_options()).items():
-            state.skipped[topic] = state.skipped.get(topic, 0) + count
-            logger.warning("subscription %s: executors skipped %d lost offsets of %s (failOnDataLoss=false)",
-                           self.options.subscription, count, topic)
 
     def commit(self, end: dict) -> None:
         state = self._driver()

@@ -51,7 +51,7 @@ class LockToken:
         return {"key": self.key, "lease": self.lease}
 
     @classmethod
-    def from_json_dict(cls, value: object) -> "LockToken | None":
+    def from_json_dict(cls, value: object) -> LockToken | None:
         """None for offsets written without a lock (older checkpoints, batch reads)."""
         if value is None:
             return None
