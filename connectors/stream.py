@@ -292,6 +292,10 @@ def _release_on_sigterm(reader: DanubeStreamReader) -> None:
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum: int, frame: object) -> None:
+        # WARNING, so it reaches the driver's log (this process logs nothing below): a source
+        # process ending while its query runs shows here whether it was told to.
+        logger.warning("source process %d of subscription %s: SIGTERM, releasing the lock and exiting",
+                       os.getpid(), reader.options.subscription)
         reader.stop()
         signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
