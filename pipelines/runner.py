@@ -68,19 +68,23 @@ def reader_options(source: SourceConfig) -> dict[str, str]:
 def lost_offsets_option(config: PipelineConfig) -> dict[str, str]:
     """With failOnDataLoss=false, executors record the offsets they skip under the checkpoint
     (`connectors.loss_records`), so query progress counts them; only for a checkpoint fsspec
-    can reach too (a local path, `file://`, `s3://`, ...; not e.g. `dbfs:/`)."""
+    can reach too (a local path, `file://`, `s3://`, `dbfs:/` through its `/dbfs` mount, ...;
+    not e.g. `abfss://` without adlfs)."""
     if config.source.fail_on_data_loss:
         return {}
     from urllib.parse import urlsplit
 
     from fsspec.registry import known_implementations
 
-    scheme = urlsplit(config.checkpoint).scheme
+    checkpoint = config.checkpoint.rstrip("/")
+    scheme = urlsplit(checkpoint).scheme
+    if scheme == "dbfs":  # fsspec's dbfs needs a workspace token; clusters mount DBFS at /dbfs
+        checkpoint, scheme = "/dbfs/" + checkpoint[len("dbfs:"):].lstrip("/"), ""
     if scheme and scheme not in known_implementations:
         logger.info("pipeline %s: executor-side data loss is logged, not counted in query progress "
                     "(fsspec cannot reach the checkpoint %s)", config.name, config.checkpoint)
         return {}
-    return {opt.LOST_OFFSETS_LOCATION: f"{config.checkpoint.rstrip('/')}/danube-lost-offsets"}
+    return {opt.LOST_OFFSETS_LOCATION: f"{checkpoint}/danube-lost-offsets"}
 
 
 def _text(value: int | None) -> str | None:
