@@ -51,14 +51,17 @@ class CursorWriter:
         self.subscription = subscription
         self._registered: set[str] = set()
 
-    def commit(self, end: Mapping[str, int], lock: LockToken | None = None) -> dict[str, int]:
+    def commit(self, end: Mapping[str, int], lock: LockToken | None = None,
+               guard: bytes | None = None) -> dict[str, int]:
         """Move each topic's cursor to `end[t] - 1` unless it is already there or beyond.
 
         With `lock` (the lock that planned the batch), each move is conditioned on that lock
-        still being held (`SubscriptionLockLostError` if not, nothing moved). Returns the
+        still being held (`SubscriptionLockLostError` if not, nothing moved); `guard`, the lock
+        key's value when the caller holds the lock itself, spares reading it. Returns the
         cursors actually written. End offsets are end-exclusive positions.
         """
-        guard = None if lock is None else self._guard(lock)
+        if guard is None and lock is not None:
+            guard = self._guard(lock)
         written: dict[str, int] = {}
         for topic, cursor in sorted(cursor_values(end).items()):
             self.register(topic)

@@ -268,7 +268,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state = self._driver()
         offset = SourceOffset.from_json_dict(end)
         state.lock.adopt(offset.lock)
-        state.writer.commit(offset.positions, offset.lock)
+        state.writer.commit(offset.positions, offset.lock, guard=state.lock.value_if_holding(offset.lock))
 
     def stop(self) -> None:
         if self._state is not None:

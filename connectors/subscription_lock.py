@@ -152,6 +152,15 @@ class SubscriptionLock:
         self._value = new
         logger.info("subscription lock %s: adopted lease %s of this query's earlier run", self.key, token.lease)
 
+    def value_if_holding(self, token: LockToken | None) -> bytes | None:
+        """The lock key's value as this holder last wrote it, if `token` is this holder's own
+        or one it adopted, else None. This process is the key's only writer while its lease
+        lives, so a commit compares against this without reading etcd (if the lease was lost
+        meanwhile, the transaction's comparison fails and the commit finds out)."""
+        if token is None or token.key != self.key or not holder_accepts(self._value, token):
+            return None
+        return self._value
+
     def release(self) -> None:
         self._keep_alive.stop()
         try:

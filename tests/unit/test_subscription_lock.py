@@ -120,3 +120,16 @@ def test_guarded_put_compares_both_keys(metadata) -> None:
     assert metadata.guarded_put("/k", None, b"1", guard=("/g", b"held")) is not None
     assert metadata.guarded_put("/k", b"0", b"2", guard=("/g", b"held")) is None
     assert metadata.get("/k") == b"1"
+
+
+def test_the_holder_commits_with_the_value_it_wrote_and_still_finds_a_lost_lease(metadata) -> None:
+    lock = take(metadata)
+    writer = CursorWriter(metadata, SUB)
+    guard = lock.value_if_holding(lock.token)
+    assert guard == metadata.get(lock.key)
+    assert writer.commit({TOPIC: 4}, lock.token, guard=guard) == {TOPIC: 3}
+    assert lock.value_if_holding(LockToken(lock.key, "ffff")) is None
+    revoke(lock)
+    with pytest.raises(SubscriptionLockLostError):
+        writer.commit({TOPIC: 8}, lock.token, guard=guard)
+    assert metadata.get(CURSOR) == b"3"
