@@ -71,6 +71,7 @@ class SpeedLayerCluster:
         self.masters: dict[str, tuple[subprocess.Popen, int]] = {}
         self._ports: dict[str, int] = {}
         self.workers: dict[str, subprocess.Popen] = {}
+        self.gateways: dict[str, tuple[subprocess.Popen, int]] = {}
         self.metadata = EtcdMetadataStore(self.etcd.endpoint)
         self.set_global(GlobalConfig(reassign_delay_s=reassign_delay_s, strategy=strategy))
         self._clients: list[ManagementClient] = []
@@ -119,6 +120,19 @@ class SpeedLayerCluster:
         self.workers[f"{tenant}/{worker_id}"] = process
         return process
 
+    def start_gateway(self, gateway_id: str = "g1", extra: dict | None = None) -> str:
+        """Start a Data Gateway process; returns its host:port."""
+        port = free_port()
+        config = self.root / f"gateway-{gateway_id}.yaml"
+        config.write_text(json.dumps({"etcd": {"endpoints": self.etcd.endpoint},
+                                      "gateway": {"port": port, **(extra or {})}}))
+        log = open(self.root / f"gateway-{gateway_id}.log", "ab")
+        process = subprocess.Popen([sys.executable, "-m", "speedlayer", "gateway", "--config", str(config)],
+                                   stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=self.root)
+        self.gateways[gateway_id] = (process, port)
+        wait_for_port(port)
+        return f"127.0.0.1:{port}"
+
     def client(self, deadline_s: float = 30.0) -> ManagementClient:
         client = ManagementClient(self.master_addresses, deadline_s=deadline_s)
         self._clients.append(client)
@@ -155,7 +169,8 @@ class SpeedLayerCluster:
     def stop(self) -> None:
         for client in self._clients:
             client.close()
-        processes = [p for p, _ in self.masters.values()] + list(self.workers.values())
+        processes = ([p for p, _ in self.masters.values()] + list(self.workers.values())
+                     + [p for p, _ in self.gateways.values()])
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGCONT)
@@ -167,6 +182,7 @@ class SpeedLayerCluster:
                 process.kill()
         self.masters.clear()
         self.workers.clear()
+        self.gateways.clear()
         self.metadata.close()
         self.etcd.stop()
 
