@@ -106,6 +106,9 @@ class RoutingTable:
         self._assignments.start()
         self._workers.start()
         self._workers.subscribe(self._keys.workers_prefix, self._worker_event)
+        # Evicted epochs' parsed records go with their keys (a new epoch per commit adds up).
+        self._assignments.subscribe(self._keys.assignments_prefix,
+                                    lambda event: event.kind == "delete" and self._parsed.pop(event.key, None))
         for key, raw in self._workers.get_prefix(self._keys.workers_prefix):
             self._worker_event(WatchEvent("put", key, raw))
         return self

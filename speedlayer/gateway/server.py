@@ -65,29 +65,13 @@ class GatewayFlightServer(flight.FlightServerBase):
                 client = self._clients[address] = flight.connect(location(address))
             return client
 
-    def authenticate(self, headers: dict[str, str]) -> str:
-        """The caller's tenant; UnauthenticatedError without the header or the right token."""
-        tenant = headers.get(TENANT_HEADER, "")
-        if not valid_id(tenant):
-            raise UnauthenticatedError(f"the {TENANT_HEADER} header is missing or not a tenant id: {tenant!r}")
-        expected = self.config.tokens.get(tenant)
-        if expected is None:
-            if self.config.require_tokens:
-                raise UnauthenticatedError(f"tenant {tenant!r} has no token configured at this gateway")
-            return tenant
-        presented = headers.get(AUTH_HEADER, "")
-        presented = presented[7:].strip() if presented.lower().startswith("bearer ") else ""
-        if not hmac.compare_digest(presented.encode(), expected.encode()):
-            raise UnauthenticatedError(f"tenant {tenant!r}: missing or wrong token ({AUTH_HEADER}: Bearer ...)")
-        return tenant
-
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
         started = time.perf_counter()
         tenant = "?"
         try:
             request = QueryRequest.from_ticket(ticket.ticket)
             headers = call_headers(context)
-            tenant = self.authenticate(headers)
+            tenant = authenticate(headers, self.config)
             if not valid_id(request.dataset):
                 raise InvalidRequestError(f"dataset {request.dataset!r}: not a dataset id")
             limits = self.limits.effective(request)
@@ -161,6 +145,23 @@ class GatewayFlightServer(flight.FlightServerBase):
         finally:
             GATEWAY_QUERIES.labels(tenant=tenant, outcome=outcome).inc()
             GATEWAY_QUERY_SECONDS.observe(time.perf_counter() - started)
+
+
+def authenticate(headers: dict[str, str], config: GatewayConfig) -> str:
+    """The caller's tenant; UnauthenticatedError without the header or the tenant's token."""
+    tenant = headers.get(TENANT_HEADER, "")
+    if not valid_id(tenant):
+        raise UnauthenticatedError(f"the {TENANT_HEADER} header is missing or not a tenant id: {tenant!r}")
+    expected = config.tokens.get(tenant)
+    if expected is None:
+        if config.require_tokens:
+            raise UnauthenticatedError(f"tenant {tenant!r} has no token configured at this gateway")
+        return tenant
+    presented = headers.get(AUTH_HEADER, "")
+    presented = presented[7:].strip() if presented.lower().startswith("bearer ") else ""
+    if not hmac.compare_digest(presented.encode(), expected.encode()):
+        raise UnauthenticatedError(f"tenant {tenant!r}: missing or wrong token ({AUTH_HEADER}: Bearer ...)")
+    return tenant
 
 
 def _chain(buffered: list[pa.RecordBatch], reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:

@@ -130,7 +130,6 @@ class WorkerFlightServer(flight.FlightServerBase):
         self.limits = limits or QueryLimits()
         self.watchdog = QueryWatchdog()
         self.watchdog.start()
-        self.queries = 0
 
     def shutdown(self) -> None:
         self.watchdog.stop()
@@ -169,14 +168,16 @@ class WorkerFlightServer(flight.FlightServerBase):
             self._finish(token, pin, cursor)
             raise
         self.watchdog.detach_context(token)
-        self.queries += 1
         return reader.schema, self._stream(first, reader, request, running, limits, served.epoch, token, pin, cursor)
 
     def _run(self, cursor, request: QueryRequest, running: _Running, limits: QueryLimits, epoch: str):
         import duckdb
 
         try:
-            return cursor.sql(request.sql).to_arrow_reader(BATCH_ROWS)
+            relation = cursor.sql(request.sql)
+            # duckdb >= 1.4 names it to_arrow_reader; older releases fetch_arrow_reader.
+            to_reader = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
+            return to_reader(BATCH_ROWS)
         except duckdb.InterruptException as exc:
             raise self._interrupted(running, request, limits, epoch) from exc
         except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
