@@ -8,6 +8,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from connectors.options import parse_options
+from connectors.plain_errors import FailedStreamReader, plain_config_errors, report_plainly
+from danube_core.errors import ConfigError
 from connectors.schema import spark_schema
 
 
@@ -50,8 +52,9 @@ class DanubeDataSource(DataSource):
              .writeStream.format("delta").option("checkpointLocation", "/chk/orders")
              .trigger(availableNow=True).start("/tables/orders"))
 
-    Options (keys are case-insensitive; a bad value fails `load()` with a ValueError naming
-    the option, the value and what is accepted). Coming from Spark's Kafka source:
+    Options (keys are case-insensitive; a bad value fails `load()` with a ValueError
+    (`danube_core.errors.ConfigError`) naming the option, the value and what is accepted, as
+    the first line after Spark's `[PYTHON_DATA_SOURCE_ERROR]` prefix). Coming from Spark's Kafka source:
     `maxOffsetsPerTrigger` / `minOffsetsPerTrigger` are accepted as they are, offsets JSON
     may be Kafka's nested `{"/ns/topic": {"0": 12, "1": -2}}` (partition N is `-part-N`), and
     a Kafka option with no equivalent (`subscribe`, `includeHeaders`, `minPartitions`, ...)
@@ -126,6 +129,9 @@ class DanubeDataSource(DataSource):
                            (`/topics/{ns}/{topic}/subscriptions/{sub}/cursor`, the last
                            offset the sink has written) the query commits. The subscription
                            is registered if missing; a second live query on it is refused.
+                           Spark does not tell a Python source at `load()` whether it is a
+                           stream, so a stream without it fails as it starts: the query
+                           terminates with the ConfigError (`awaitTermination()` raises it).
       failOnDataLoss       `true` (default): fail on a gap, a missing object, a CRC error,
                            offsets that go backwards, or offsets a broker reused, naming
                            topic, offsets and object, before anything is returned or
@@ -163,7 +169,11 @@ class DanubeDataSource(DataSource):
 
     def __init__(self, options: MutableMapping[str, str]) -> None:
         super().__init__(options)
-        self.parsed = parse_options(options)
+        try:
+            self.parsed = parse_options(options)
+        except ConfigError as error:
+            report_plainly(error)  # `load()` fails with our message first, not a traceback
+            raise
 
     @classmethod
     def name(cls) -> str:
@@ -172,6 +182,7 @@ class DanubeDataSource(DataSource):
     def schema(self) -> StructType:
         return spark_schema(self.parsed.include_source)
 
+    @plain_config_errors
     def reader(self, schema: StructType) -> DataSourceReader:
         from connectors.batch import DanubeBatchReader
 
@@ -180,4 +191,7 @@ class DanubeDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from connectors.stream import DanubeStreamReader
 
-        return DanubeStreamReader(self.parsed)
+        try:
+            return DanubeStreamReader(self.parsed)
+        except Exception as error:  # PySpark would hide it behind an UnboundLocalError
+            return FailedStreamReader(error)

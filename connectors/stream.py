@@ -49,6 +49,7 @@ from pyspark.sql.streaming.datasource import (
 from connectors.batch import catalog_prefixes, new_catalog, plan_partitions, read_partition, topics_of
 from connectors.offsets import SourceOffset, cap_at, message_counts, resolve_start, with_new_topics
 from connectors.options import DanubeOptions
+from connectors.plain_errors import plain_config_errors, plain_iteration
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -126,6 +127,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _offset(self, positions: Mapping[str, int]) -> dict:
         return SourceOffset(dict(positions), self.options.subscription, self.options.etcd.endpoints).to_json_dict()
 
+    @plain_config_errors
     def initialOffset(self) -> dict:
         state = self._driver()
         topics = topics_of(state.catalog, self.options)
@@ -145,12 +147,14 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMinRows(o.min_messages_per_trigger)
         return ReadAllAvailable()
 
+    @plain_config_errors
     def prepareForTriggerAvailableNow(self) -> None:
         state = self._driver()
         topics = topics_of(state.catalog, self.options)
         state.target = state.catalog.latest_offsets(topics)
         logger.info("Trigger.AvailableNow: subscription %s reads up to %s", self.options.subscription, state.target)
 
+    @plain_config_errors
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         state = self._driver()
         topics = topics_of(state.catalog, self.options)
@@ -238,6 +242,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         return self._state.reported if self._state is not None else None
 
+    @plain_config_errors
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         state = self._driver()
         stop = SourceOffset.from_json_dict(end).positions
@@ -256,7 +261,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ---- executor side --------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
-        return read_partition(partition, self.options.include_source)
+        return plain_iteration(read_partition(partition, self.options.include_source))
 
 
 def _release_on_sigterm(reader: DanubeStreamReader) -> None:
