@@ -95,6 +95,7 @@ class _DriverState:
         self.lag_recorded_at = float("-inf")
         self.skipped: dict[str, int] = {}  # offsets skipped so far (failOnDataLoss=false)
         self.publish_times: dict[tuple[str, int], int] = {}  # (topic, offset) -> ms, for lag
+        self.running_end: dict[str, int] | None = None  # end of the batch Spark planned last
 
     def close(self) -> None:
         try:
@@ -157,6 +158,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @plain_config_errors
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         state = self._driver()
+        self._commit_finished_batch(state, SourceOffset.from_json_dict(start).positions)
         topics = topics_of(state.catalog, self.options)
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, topics, state.catalog)
         latest = {**begin, **state.catalog.latest_offsets(topics)}
@@ -168,6 +170,27 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = self._admit(state, begin, latest, limit, snapshots)
         self._report_losses(state, begin, end, snapshots)
         return self._offset(end)
+
+    def _commit_finished_batch(self, state: _DriverState, start: Mapping[str, int]) -> None:
+        """Commit the cursors of the batch that ended at `start`, if this process planned it.
+
+        Spark runs one batch at a time and plans the next (this call) only after the last one's
+        sink commit is in the checkpoint's commit log, so a batch whose end is this call's
+        start is durably written. This keeps the cursor current without the listener that
+        `connectors.register(spark)` installs (a query found by Spark's data source discovery,
+        as in Declarative Pipelines), including after the last batch of a Trigger.AvailableNow
+        run, which Spark never passes to `commit()`. The listener's and `commit()`'s writes are
+        the same forward-only compare-and-put, so the paths never move a cursor back.
+        """
+        from danube_core.errors import DanubeError
+
+        if state.running_end is None or dict(start) != state.running_end:
+            return
+        try:
+            state.writer.commit(start)
+            state.running_end = None
+        except DanubeError as exc:  # retried at the next trigger; the listener may do it first
+            logger.warning("subscription %s: could not commit cursors %s: %s", self.options.subscription, start, exc)
 
     def _report_restarts(self, state: _DriverState, begin: Mapping[str, int]) -> None:
         """A run that began while the query was past its first offset: the new run's offsets
@@ -247,6 +270,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state = self._driver()
         stop = SourceOffset.from_json_dict(end).positions
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, stop, state.catalog)
+        state.running_end = dict(stop)  # committed when Spark plans the next batch from it
         return list(plan_partitions(state.catalog, self.options, begin, stop, state.skipped,
                                     recheck=state.etcd_catalog))
 
