@@ -27,8 +27,9 @@ class DanubeDataSource(DataSource):
         connectors.register(spark)   # format("danube") + the cursor-committing listener
 
     (`pip install danube-spark` also installs `pyspark_danube`, which Spark 4.2 discovers on
-    its own, so `format("danube")` works without the call; the call is still what installs
-    the listener that keeps cursors current.)
+    its own, so `format("danube")` works without the call. Cursors are then committed by the
+    stream itself when Spark plans the trigger after each batch; the listener the call
+    installs commits them as soon as each batch's progress is posted.)
 
     Batch example::
 
