@@ -18,7 +18,7 @@ run, so three paths commit it, all through `CursorWriter`:
   its own (Declarative Pipelines) stay current too, one trigger after each batch.
 
 A subscription is consumed by at most one live query: the stream holds an etcd lease on
-`danube_core.keys.subscription_lock_key`; a second query is refused with a `MetadataError` saying so.
+`danube_core.keys.subscription_lock_key`; a second query is refused with a `SubscriptionBusyError` saying so.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from danube_core.errors import DanubeError, MetadataError
+from danube_core.errors import DanubeError, MetadataError, SubscriptionBusyError
 from danube_core.keys import cursor_key, subscription_key, subscription_lock_key
 from danube_core.metadata import Lease, MetadataStore
 from danube_core.records import SubscriptionRecord, dump_cursor, dump_json, load_json, parse_cursor
@@ -121,7 +121,7 @@ class SubscriptionLock:
         while (lease := self._try_take(metadata, holder)) is None:
             if time.monotonic() >= deadline:
                 current = metadata.get(self.key)
-                raise MetadataError(
+                raise SubscriptionBusyError(
                     f"subscription {subscription!r} is already consumed by a live query (etcd key "
                     f"{self.key!r} held by {current.decode() if current else 'a query that just ended'} "
                     f"for more than {LOCK_TTL_S + LOCK_GRACE_S}s); stop that query or use another "

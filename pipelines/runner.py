@@ -22,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 import connectors
 from connectors import options as opt
-from danube_core.errors import ConfigError
+from danube_core.errors import ConfigError, SubscriptionBusyError, error_type_in
 from danube_core.metadata import MetadataStore
 from pipelines.batch_trail import check_checkpoint, pipeline_tables, read_trail
 from pipelines.checkpoint_state import read_state
@@ -137,7 +137,8 @@ class PipelineRunner:
                 query.awaitTermination()
                 return self.metrics
             except StreamingQueryException as exc:
-                if "already consumed" not in str(exc) or time.monotonic() >= deadline:
+                cause = error_type_in(str(exc))
+                if cause is None or not issubclass(cause, SubscriptionBusyError) or time.monotonic() >= deadline:
                     raise
                 logger.info("subscription %s still locked by a previous run; restarting the query",
                             self.config.source.subscription)
