@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from types import FrameType
 from typing import Any, Callable, Iterator, NoReturn, TypeVar, cast
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -39,7 +40,7 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 def in_spark_worker() -> bool:
     """True when called (at any depth) from a PySpark worker that reports errors to the JVM."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         spec = frame.f_globals.get("__spec__")
         name = spec.name if spec is not None else frame.f_globals.get("__name__", "")

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from danube_core import _fastdecode
+from danube_core import _fastdecode  # type: ignore[attr-defined]  # the compiled extension
 from danube_core.errors import CorruptFrameError, PayloadDecodeError
 from danube_core.frames import (
     FRAME_HEADER,
