@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 
@@ -65,6 +66,22 @@ def reader_options(source: SourceConfig) -> dict[str, str]:
     return options
 
 
+# Query progress carries these per batch under `observedMetrics[OBSERVED_INPUT]`. Spark only
+# reports metrics observed in the streaming plan, i.e. before foreachBatch; how the rows split
+# between target and quarantine is decided inside the batch (decode, expectations), so those
+# counts are in the Delta commits' userMetadata (`counts`), the log and `PipelineMetrics`.
+OBSERVED_INPUT = "danube_input"
+
+
+def observe_input(stream: DataFrame) -> DataFrame:
+    """`stream` with per-batch input counts observed (`rows_in`, `payload_bytes_in`)."""
+    return stream.observe(
+        OBSERVED_INPUT,
+        F.count(F.lit(1)).alias("rows_in"),
+        F.coalesce(F.sum(F.length("payload")), F.lit(0)).cast("long").alias("payload_bytes_in"),
+    )
+
+
 def _text(value: int | None) -> str | None:
     return None if value is None else str(value)
 
@@ -109,7 +126,7 @@ class PipelineRunner:
         checks again before every batch it writes."""
         self.check_checkpoint()
         writer = DeltaBatchWriter(self.config, self.decoder, self.gate, self.options, self.metadata, self.metrics)
-        stream = self.spark.readStream.format("danube").options(**self.options).load()
+        stream = observe_input(self.spark.readStream.format("danube").options(**self.options).load())
         builder = (
             stream.writeStream.queryName(self.config.name)
             .foreachBatch(writer)
