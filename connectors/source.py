@@ -129,7 +129,8 @@ class DanubeDataSource(DataSource):
       subscription         required for streams: the Danube subscription whose cursor
                            (`/topics/{ns}/{topic}/subscriptions/{sub}/cursor`, the last
                            offset the sink has written) the query commits. The subscription
-                           is registered if missing; a second live query on it is refused.
+                           is registered if missing; a second live query on it is refused,
+                           and a query whose lock lease is lost stops without moving cursors.
                            Spark does not tell a Python source at `load()` whether it is a
                            stream, so a stream without it fails as it starts: the query
                            terminates with the ConfigError (`awaitTermination()` raises it).
@@ -138,6 +139,13 @@ class DanubeDataSource(DataSource):
                            topic, offsets and object, before anything is returned or
                            committed; `false`: log, count and skip (counts in query
                            progress under `skippedOffsets`).
+      lostOffsetsLocation  streams with failOnDataLoss=false: an fsspec URL (a directory on
+                           storage both the driver and every executor reach, e.g. under the
+                           checkpoint) where executors record the offsets they skip, so
+                           those count in `skippedOffsets` too (at the next trigger). Without
+                           it only losses the driver finds while planning are counted there;
+                           executors' are logged. `storage.*` options apply when it has the
+                           storage URL's scheme.
       includeSource        `true` adds the column `source`: the object id or `wal`.
       salvage              batch only, with one `topic`: read these sources whole instead
                            of the topic's offset space: comma-separated object ids

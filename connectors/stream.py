@@ -66,7 +66,8 @@ class _DriverState:
     """What the long-lived driver-side process holds for one query."""
 
     def __init__(self, options: DanubeOptions) -> None:
-        from connectors.cursor_commit import CursorWriter, SubscriptionLock
+        from connectors.cursor_commit import CursorWriter
+        from connectors.subscription_lock import SubscriptionLock
         from danube_core.cached_store import CachedMetadataStore
         from danube_core.local_cache import LocalCache
 
@@ -126,7 +127,9 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._state
 
     def _offset(self, positions: Mapping[str, int]) -> dict:
-        return SourceOffset(dict(positions), self.options.subscription, self.options.etcd.endpoints).to_json_dict()
+        lock = self._state.lock.token if self._state is not None else None
+        return SourceOffset(dict(positions), self.options.subscription, self.options.etcd.endpoints,
+                            lock=lock).to_json_dict()
 
     @plain_config_errors
     def initialOffset(self) -> dict:
@@ -158,7 +161,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @plain_config_errors
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         state = self._driver()
-        self._commit_finished_batch(state, SourceOffset.from_json_dict(start).positions)
+        self._commit_finished_batch(state, SourceOffset.from_json_dict(start))
         topics = topics_of(state.catalog, self.options)
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, topics, state.catalog)
         latest = {**begin, **state.catalog.latest_offsets(topics)}
@@ -168,10 +171,16 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snapshots = state.catalog.snapshots({t: max(0, min(begin[t], e) - 1) for t, e in latest.items()}, latest)
         self._report_lag(state, begin, latest, snapshots)
         end = self._admit(state, begin, latest, limit, snapshots)
+        if self.options.lost_offsets_location is not None and not self.options.fail_on_data_loss:
+            from connectors.loss_records import fold
+
+            fold(self.options, state.skipped)
         self._report_losses(state, begin, end, snapshots)
+        if end == SourceOffset.from_json_dict(start).positions:
+            return start  # nothing new: the same offset (a restarted run's lock must not look like data)
         return self._offset(end)
 
-    def _commit_finished_batch(self, state: _DriverState, start: Mapping[str, int]) -> None:
+    def _commit_finished_batch(self, state: _DriverState, start: SourceOffset) -> None:
         """Commit the cursors of the batch that ended at `start`, if this process planned it.
 
         Spark runs one batch at a time and plans the next (this call) only after the last one's
@@ -180,17 +189,21 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         `connectors.register(spark)` installs (a query found by Spark's data source discovery,
         as in Declarative Pipelines), including after the last batch of a Trigger.AvailableNow
         run, which Spark never passes to `commit()`. The listener's and `commit()`'s writes are
-        the same forward-only compare-and-put, so the paths never move a cursor back.
+        the same forward-only compare-and-put guarded by the batch's lock, so the paths never
+        move a cursor back nor move one for a query that lost the subscription.
         """
         from danube_core.errors import DanubeError
 
-        if state.running_end is None or dict(start) != state.running_end:
+        if state.running_end is None or dict(start.positions) != state.running_end:
             return
         try:
-            state.writer.commit(start)
+            state.writer.commit(start.positions, start.lock, guard=state.lock.value_if_holding(start.lock))
             state.running_end = None
-        except DanubeError as exc:  # retried at the next trigger; the listener may do it first
-            logger.warning("subscription %s: could not commit cursors %s: %s", self.options.subscription, start, exc)
+        except DanubeError as exc:
+            if not exc.retriable:  # a lost lock stops the query
+                raise
+            logger.warning("subscription %s: could not commit cursors %s (retried next trigger): %s",
+                           self.options.subscription, start.positions, exc)
 
     def _report_restarts(self, state: _DriverState, begin: Mapping[str, int]) -> None:
         """A run that began while the query was past its first offset: the new run's offsets
@@ -268,14 +281,27 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @plain_config_errors
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         state = self._driver()
-        stop = SourceOffset.from_json_dict(end).positions
+        end_offset = SourceOffset.from_json_dict(end)
+        state.lock.adopt(end_offset.lock)  # a batch planned by this query's earlier run, replayed
+        stop = end_offset.positions
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, stop, state.catalog)
         state.running_end = dict(stop)  # committed when Spark plans the next batch from it
-        return list(plan_partitions(state.catalog, self.options, begin, stop, state.skipped,
-                                    recheck=state.etcd_catalog))
+        partitions = plan_partitions(state.catalog, self.options, begin, stop, state.skipped, recheck=state.etcd_catalog)
+        if self.options.lost_offsets_location is None or self.options.fail_on_data_loss:
+            return list(partitions)
+        from connectors.loss_records import location_storage_options, record_url
+
+        location, storage = self.options.lost_offsets_location, location_storage_options(self.options)
+        for partition in partitions:
+            partition.loss_record = record_url(location, begin, stop, partition.value)
+            partition.loss_storage_options = storage
+        return list(partitions)
 
     def commit(self, end: dict) -> None:
-        self._driver().writer.commit(SourceOffset.from_json_dict(end).positions)
+        state = self._driver()
+        offset = SourceOffset.from_json_dict(end)
+        state.lock.adopt(offset.lock)
+        state.writer.commit(offset.positions, offset.lock, guard=state.lock.value_if_holding(offset.lock))
 
     def stop(self) -> None:
         if self._state is not None:
@@ -299,6 +325,10 @@ def _release_on_sigterm(reader: DanubeStreamReader) -> None:
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum: int, frame: object) -> None:
+        # WARNING, so it reaches the driver's log (this process logs nothing below): a source
+        # process ending while its query runs shows here whether it was told to.
+        logger.warning("source process %d of subscription %s: SIGTERM, releasing the lock and exiting",
+                       os.getpid(), reader.options.subscription)
         reader.stop()
         signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -76,7 +76,12 @@ class Replica:
 
 @dataclass(frozen=True)
 class AssignmentRecord:
-    """`/assignments/{tenant}/{dataset}/{epoch}`: an epoch's admission status and placement."""
+    """`/assignments/{tenant}/{dataset}/{epoch}`: an epoch's admission status and placement.
+
+    `load_failures`: worker -> the reason its load FAILED. Such a worker is no longer a replica
+    and is never chosen for this epoch again; the replica is placed on another worker of the
+    tenant until `GlobalConfig.max_load_failures` workers have failed.
+    """
 
     tenant: str
     dataset: str
@@ -91,6 +96,7 @@ class AssignmentRecord:
     replication: int = 2
     replicas: dict[str, Replica] = field(default_factory=dict)
     updated_ms: int = 0
+    load_failures: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         value = asdict(self)
@@ -101,7 +107,8 @@ class AssignmentRecord:
         value = load(raw, key)
         try:
             replicas = {w: Replica(**_pick(Replica, r)) for w, r in value.get("replicas", {}).items()}
-            return cls(**{**_pick(cls, value), "replicas": replicas})
+            failures = {str(w): str(why) for w, why in value.get("load_failures", {}).items()}
+            return cls(**{**_pick(cls, value), "replicas": replicas, "load_failures": failures})
         except TypeError as exc:
             raise MetadataError(f"{key}: not an assignment record: {exc}") from exc
 
@@ -161,7 +168,9 @@ class GlobalConfig:
 
     `memory_quota_bytes` 0: no global limit. `reassign_delay_s`: how long a lost worker's
     epochs wait before moving (a worker back within it keeps them). `memory_expansion_factor`:
-    in-memory size estimated from Parquet bytes.
+    in-memory size estimated from Parquet bytes. `max_load_failures`: on how many workers an
+    epoch may fail to load before no further worker is tried (a plan that cannot be loaded
+    anywhere must not walk through every worker of a large tenant).
     """
 
     memory_quota_bytes: int = 0
@@ -170,6 +179,7 @@ class GlobalConfig:
     reassign_delay_s: float = 5.0
     memory_expansion_factor: float = 2.0
     log_level: str = "INFO"
+    max_load_failures: int = 3
 
     def to_json(self) -> bytes:
         return dump(asdict(self))
@@ -183,4 +193,6 @@ class GlobalConfig:
             raise MetadataError(f"{key}: not a global config: {exc}") from exc
         if config.strategy not in STRATEGIES or config.replication_factor < 1:
             raise MetadataError(f"{key}: strategy must be one of {STRATEGIES} and replication_factor >= 1")
+        if not isinstance(config.max_load_failures, int) or config.max_load_failures < 1:
+            raise MetadataError(f"{key}: max_load_failures={config.max_load_failures!r}: expected an integer >= 1")
         return config

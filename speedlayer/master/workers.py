@@ -131,8 +131,8 @@ class WorkerDirectory:
                         update.seconds, extra=extra)
         elif state == R_FAILED:
             logger.error("epoch %s FAILED on %s: %s", ref, session.worker_id, update.error_message, extra=extra)
-        if updated is None or session.worker_id not in updated.replicas:
-            self._changed()  # not (or no longer) this worker's: the next sync drops it
+        if updated is None or session.worker_id not in updated.replicas or state == R_FAILED:
+            self._changed()  # not (or no longer) this worker's, or to be placed elsewhere
 
     def disconnected(self, session: WorkerSession) -> None:
         """The stream ended. The lease is left to expire (a quick reconnect keeps everything)."""

@@ -25,6 +25,7 @@ from speedlayer.client import CHANNEL_OPTIONS
 from speedlayer.observability.metrics import EPOCHS_HELD, LOAD_SECONDS, LOADED_ROWS
 from speedlayer.transport.leader_gate import leader_hint
 from speedlayer.worker.loader import EpochLoader
+from speedlayer.worker.serving import ServedDatasets
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class WorkerAgent:
         self.config = config
         self.loader = EpochLoader(memory_limit_bytes=config.memory_bytes, threads=config.threads,
                                   storage_options=config.storage_options)
+        # What queries see: an epoch is published here only once COMPLETED (READY).
+        self.served = ServedDatasets(drop_table=self.loader.drop)
         self.held: dict[tuple[str, str], HeldEpoch] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader")
@@ -193,6 +196,8 @@ class WorkerAgent:
                 return
             held.status, held.rows, held.bytes = Status.COMPLETED, result.rows, result.bytes
             EPOCHS_HELD.set(sum(h.status == Status.COMPLETED for h in self.held.values()))
+            self.served.publish(event.dataset_id, event.epoch_id, event.load_plan.destination_table_name,
+                                version=_plan_version(event.load_plan))
         logger.info("epoch %s/%s READY: %d rows, %d bytes in %.2fs", *key, result.rows, result.bytes,
                     result.seconds, extra=extra)
         self._send(data_pull_status_update=Status(
@@ -208,7 +213,9 @@ class WorkerAgent:
             held = self.held.pop((event.dataset_id, event.epoch_id), None)
             empty = not self.held
         if held is not None and held.status == Status.COMPLETED:
-            self.loader.drop(held.table)
+            # Queries still reading the epoch keep it; its table is dropped when the last ends.
+            if not self.served.retire(held.dataset, held.epoch):
+                self.loader.drop(held.table)
         logger.info("epoch %s/%s dropped (%s)", event.dataset_id, event.epoch_id, event.reason, extra=self._extra)
         if self.draining and empty:
             logger.info("drained: exiting", extra=self._extra)
@@ -222,3 +229,10 @@ class WorkerAgent:
                 empty = not self.held
             if empty:
                 self.stop()
+
+
+def _plan_version(plan: cp.LoadPlan) -> int:
+    """The source table version an epoch holds (Delta version), -1 when the source has none."""
+    if plan.source.WhichOneof("source_type") == "delta":
+        return plan.source.delta.version
+    return -1
