@@ -5,6 +5,8 @@
 #
 # Local by default (--master local[*]); any spark-submit flag passes through, e.g.
 #   ./spark-submit.sh run conf/pipelines/orders.yaml --master spark://host:7077 --executor-memory 4g
+# --conf settings are kept as given: the pipeline's session only fills in defaults for settings
+# nothing has set (e.g. spark.sql.shuffle.partitions=4 unless --conf names another value).
 # It adds the Delta and spark-avro packages (coordinates from pipelines/session.py; a
 # --packages you give is merged with them) and ships the project's code to the executors as an
 # archive extracted next to each executor (`danube_spark/`, put on their PYTHONPATH). An

@@ -137,7 +137,7 @@ def run_case(endpoint: str, cached: bool, triggers: int, interval_s: float) -> d
     etcd = counters[0]
     rows, offsets_planned = [], 0
     try:
-        for trigger in range(triggers):
+        for _ in range(triggers):
             requests, range_reads = etcd.requests, etcd.range_reads
             with timed() as t:
                 end = reader.latestOffset(start, ReadAllAvailable())

@@ -71,11 +71,11 @@ def bench_failover(root: Path, rounds: int, ttl_s: int) -> dict:
             cluster.start_master(name)
         client = cluster.client(deadline_s=60)
         for index in range(rounds):
-            wait_for(lambda: client.quota("bench", memory_quota_bytes=index + 1))
+            wait_for(lambda index=index: client.quota("bench", memory_quota_bytes=index + 1))
             leader = cluster.leader_id()
             killed = time.perf_counter()
             cluster.kill_master(leader)
-            wait_for(lambda: client.quota("bench", memory_quota_bytes=index + 100), interval_s=0.01)
+            wait_for(lambda index=index: client.quota("bench", memory_quota_bytes=index + 100), interval_s=0.01)
             samples.append(time.perf_counter() - killed)
             cluster.start_master(leader)
     finally:

@@ -113,7 +113,7 @@ class Rig:
 def _failure(log: str) -> str:
     """The first line that says why a pipeline run failed."""
     for marker in ("EOFException", "Error:", "ERROR pipelines"):
-        line = next((l for l in log.splitlines() if marker in l), None)
+        line = next((text for text in log.splitlines() if marker in text), None)
         if line:
             return line.strip()[:160]
     return "exit 1"

@@ -207,7 +207,7 @@ def _drain(rig: Rig, config: Path, runs: list[Pipeline], producer: AckingProduce
 
 def _restarts(runs: list[Pipeline]) -> str:
     codes = [r.process.returncode for r in runs[:-1]]
-    return f"pipeline ran through" if not codes else f"pipeline failed {len(codes)}x (exit {codes}), restarted"
+    return "pipeline ran through" if not codes else f"pipeline failed {len(codes)}x (exit {codes}), restarted"
 
 
 def object_deleted(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:

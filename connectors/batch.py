@@ -18,6 +18,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from connectors.offsets import resolve_end, resolve_start
 from connectors.options import DanubeOptions
+from connectors.plain_errors import plain_config_errors, plain_iteration
 from connectors.read_task import ReadTask
 from danube_core import keys
 from danube_core.errors import DataLossError
@@ -169,6 +170,7 @@ class DanubeBatchReader(DataSourceReader):
         options.require_batch()
         self.options = options
 
+    @plain_config_errors
     def partitions(self) -> list[InputPartition]:
         catalog, metadata = open_catalog(self.options)
         try:
@@ -194,4 +196,4 @@ class DanubeBatchReader(DataSourceReader):
         return [DanubePartition(i, [task]) for i, task in enumerate(tasks)]
 
     def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
-        return read_partition(partition, self.options.include_source)
+        return plain_iteration(read_partition(partition, self.options.include_source))

@@ -279,7 +279,7 @@ class TopicCatalog:
         descriptors = self._parse(rows)
         raw_cur = self._metadata.get(self._keys.cur_key(topic))
         cur = int(CurPointer.from_json(raw_cur, self._keys.cur_key(topic)).start) if raw_cur else None
-        listed = []
+        listed: list[tuple[str, int, int | None]] = []
         for object_id in self._store.list_objects(topic):
             listed.append((object_id, parse_object_id(object_id)[0], None))
         chain, _ = current_chain(descriptors, cur)

@@ -11,7 +11,11 @@ run, so three paths commit it, all through `CursorWriter`:
   subscription and the etcd endpoints) and is posted after the sink committed the batch;
 * `commit_cursors(options, end_offsets)`, for a `foreachBatch` writer to call right after
   its own commit (the pipelines do); `end_offsets_of(batch_df)` gives the positions;
-* the stream reader's own `commit(end)`, one batch late, as a fallback.
+* the stream reader itself (`DanubeStreamReader._commit_finished_batch`): Spark plans a batch
+  only after the previous one is in the checkpoint's commit log, so when it asks for the
+  offsets after a batch this process planned, that batch's end is committed; and `commit(end)`
+  when Spark calls it. This path needs no registration, so queries whose source Spark found on
+  its own (Declarative Pipelines) stay current too, one trigger after each batch.
 
 A subscription is consumed by at most one live query (`connectors.subscription_lock`): the
 stream holds an etcd lease on `danube_core.keys.subscription_lock_key`, and a commit given the

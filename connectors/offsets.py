@@ -121,6 +121,7 @@ def resolve_start(
     if position.kind == "latest":
         return dict(lookups.latest_offsets(topics))
     if position.kind == "timestamp":
+        assert position.timestamp_ms is not None  # parse_options sets it with the kind
         return dict(lookups.offsets_for_timestamp(topics, position.timestamp_ms))
     if position.kind == "cursor":
         return _from_cursors(topics, lookups, subscription)
@@ -135,6 +136,7 @@ def resolve_end(position: Position | None, topics: Sequence[str], lookups: Offse
     if position is None or position.kind == "latest":
         return dict(lookups.latest_offsets(topics))
     if position.kind == "timestamp":
+        assert position.timestamp_ms is not None  # parse_options sets it with the kind
         return dict(lookups.offsets_for_timestamp(topics, position.timestamp_ms))
     spec = expand_spec("endingOffsets", position.offsets or {}, topics)
     return _fill_special(spec, lookups)

@@ -258,8 +258,12 @@ def _normalise(raw: Mapping[str, str]) -> dict[str, str]:
             continue
         if lower in _KAFKA_EQUIVALENTS_LOWER:
             name, instead = _KAFKA_EQUIVALENTS_LOWER[lower]
-            raise ConfigError(f"option {key!r} is Spark's Kafka source option {name!r}; for the danube "
+            raise ConfigError(f"Kafka source option {name!r} is not a danube option; for the danube "
                               f"data source {instead}")
+        if lower.startswith("kafka."):  # Kafka consumer properties, passed through by Kafka's source
+            raise ConfigError(f"option {key!r} is a Kafka consumer property of Spark's Kafka source; the danube "
+                              f"data source has no consumer: it reads etcd ({ETCD_ENDPOINTS!r}, 'etcd.*') "
+                              f"and storage ({STORAGE_URL!r}, '{STORAGE_PREFIX}<fsspec option>')")
         if lower not in _BY_LOWER and not lower.startswith(STORAGE_PREFIX):
             raise ConfigError(
                 f"unknown option {key!r} for the danube data source; accepted: "

@@ -224,7 +224,7 @@ def _tasks_for(
         to_end = not is_wal and k == len(offsets) - 1  # read to the object's real end
         tasks.append(ReadTask(
             topic=snap.topic,
-            source=WAL_SOURCE if is_wal else seg.object_id,
+            source=WAL_SOURCE if is_wal else seg.object_id,  # type: ignore[union-attr]  # not a WalRun
             url=seg.url,
             storage_options=snap.wal_storage_options if is_wal else snap.object_storage_options,
             byte_start=int(positions[i]),
@@ -411,7 +411,8 @@ def _refine_block(
     """Insert the frames strictly inside block `b` (between anchors b and b+1)."""
     if offsets[b + 1] - offsets[b] <= 1:
         return offsets, positions
-    inner_offsets, inner_positions = [], []
+    inner_offsets: list[int] = []
+    inner_positions: list[int] = []
     for offset, pos in frame_index(obj, positions[b], positions[b + 1]):
         last_offset = inner_offsets[-1] if inner_offsets else offsets[b]
         last_pos = inner_positions[-1] if inner_positions else positions[b]

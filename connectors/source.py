@@ -8,6 +8,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from connectors.options import parse_options
+from connectors.plain_errors import FailedStreamReader, plain_config_errors, report_plainly
+from danube_core.errors import ConfigError
 from connectors.schema import spark_schema
 
 
@@ -25,8 +27,9 @@ class DanubeDataSource(DataSource):
         connectors.register(spark)   # format("danube") + the cursor-committing listener
 
     (`pip install danube-spark` also installs `pyspark_danube`, which Spark 4.2 discovers on
-    its own, so `format("danube")` works without the call; the call is still what installs
-    the listener that keeps cursors current.)
+    its own, so `format("danube")` works without the call. Cursors are then committed by the
+    stream itself when Spark plans the trigger after each batch; the listener the call
+    installs commits them as soon as each batch's progress is posted.)
 
     Batch example::
 
@@ -50,8 +53,9 @@ class DanubeDataSource(DataSource):
              .writeStream.format("delta").option("checkpointLocation", "/chk/orders")
              .trigger(availableNow=True).start("/tables/orders"))
 
-    Options (keys are case-insensitive; a bad value fails `load()` with a ValueError naming
-    the option, the value and what is accepted). Coming from Spark's Kafka source:
+    Options (keys are case-insensitive; a bad value fails `load()` with a ValueError
+    (`danube_core.errors.ConfigError`) naming the option, the value and what is accepted, as
+    the first line after Spark's `[PYTHON_DATA_SOURCE_ERROR]` prefix). Coming from Spark's Kafka source:
     `maxOffsetsPerTrigger` / `minOffsetsPerTrigger` are accepted as they are, offsets JSON
     may be Kafka's nested `{"/ns/topic": {"0": 12, "1": -2}}` (partition N is `-part-N`), and
     a Kafka option with no equivalent (`subscribe`, `includeHeaders`, `minPartitions`, ...)
@@ -127,6 +131,9 @@ class DanubeDataSource(DataSource):
                            offset the sink has written) the query commits. The subscription
                            is registered if missing; a second live query on it is refused,
                            and a query whose lock lease is lost stops without moving cursors.
+                           Spark does not tell a Python source at `load()` whether it is a
+                           stream, so a stream without it fails as it starts: the query
+                           terminates with the ConfigError (`awaitTermination()` raises it).
       failOnDataLoss       `true` (default): fail on a gap, a missing object, a CRC error,
                            offsets that go backwards, or offsets a broker reused, naming
                            topic, offsets and object, before anything is returned or
@@ -171,7 +178,11 @@ class DanubeDataSource(DataSource):
 
     def __init__(self, options: MutableMapping[str, str]) -> None:
         super().__init__(options)
-        self.parsed = parse_options(options)
+        try:
+            self.parsed = parse_options(options)
+        except ConfigError as error:
+            report_plainly(error)  # `load()` fails with our message first, not a traceback
+            raise
 
     @classmethod
     def name(cls) -> str:
@@ -180,6 +191,7 @@ class DanubeDataSource(DataSource):
     def schema(self) -> StructType:
         return spark_schema(self.parsed.include_source)
 
+    @plain_config_errors
     def reader(self, schema: StructType) -> DataSourceReader:
         from connectors.batch import DanubeBatchReader
 
@@ -188,4 +200,7 @@ class DanubeDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from connectors.stream import DanubeStreamReader
 
-        return DanubeStreamReader(self.parsed)
+        try:
+            return DanubeStreamReader(self.parsed)
+        except Exception as error:  # PySpark would hide it behind an UnboundLocalError
+            return FailedStreamReader(error)

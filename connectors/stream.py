@@ -49,6 +49,7 @@ from pyspark.sql.streaming.datasource import (
 from connectors.batch import catalog_prefixes, new_catalog, plan_partitions, read_partition, topics_of
 from connectors.offsets import SourceOffset, cap_at, message_counts, resolve_start, with_new_topics
 from connectors.options import DanubeOptions
+from connectors.plain_errors import plain_config_errors, plain_iteration
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -95,6 +96,7 @@ class _DriverState:
         self.lag_recorded_at = float("-inf")
         self.skipped: dict[str, int] = {}  # offsets skipped so far (failOnDataLoss=false)
         self.publish_times: dict[tuple[str, int], int] = {}  # (topic, offset) -> ms, for lag
+        self.running_end: dict[str, int] | None = None  # end of the batch Spark planned last
 
     def close(self) -> None:
         try:
@@ -129,6 +131,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return SourceOffset(dict(positions), self.options.subscription, self.options.etcd.endpoints,
                             lock=lock).to_json_dict()
 
+    @plain_config_errors
     def initialOffset(self) -> dict:
         state = self._driver()
         topics = topics_of(state.catalog, self.options)
@@ -148,14 +151,17 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMinRows(o.min_messages_per_trigger)
         return ReadAllAvailable()
 
+    @plain_config_errors
     def prepareForTriggerAvailableNow(self) -> None:
         state = self._driver()
         topics = topics_of(state.catalog, self.options)
         state.target = state.catalog.latest_offsets(topics)
         logger.info("Trigger.AvailableNow: subscription %s reads up to %s", self.options.subscription, state.target)
 
+    @plain_config_errors
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         state = self._driver()
+        self._commit_finished_batch(state, SourceOffset.from_json_dict(start))
         topics = topics_of(state.catalog, self.options)
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, topics, state.catalog)
         latest = {**begin, **state.catalog.latest_offsets(topics)}
@@ -173,6 +179,31 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end == SourceOffset.from_json_dict(start).positions:
             return start  # nothing new: the same offset (a restarted run's lock must not look like data)
         return self._offset(end)
+
+    def _commit_finished_batch(self, state: _DriverState, start: SourceOffset) -> None:
+        """Commit the cursors of the batch that ended at `start`, if this process planned it.
+
+        Spark runs one batch at a time and plans the next (this call) only after the last one's
+        sink commit is in the checkpoint's commit log, so a batch whose end is this call's
+        start is durably written. This keeps the cursor current without the listener that
+        `connectors.register(spark)` installs (a query found by Spark's data source discovery,
+        as in Declarative Pipelines), including after the last batch of a Trigger.AvailableNow
+        run, which Spark never passes to `commit()`. The listener's and `commit()`'s writes are
+        the same forward-only compare-and-put guarded by the batch's lock, so the paths never
+        move a cursor back nor move one for a query that lost the subscription.
+        """
+        from danube_core.errors import DanubeError
+
+        if state.running_end is None or dict(start.positions) != state.running_end:
+            return
+        try:
+            state.writer.commit(start.positions, start.lock, guard=state.lock.value_if_holding(start.lock))
+            state.running_end = None
+        except DanubeError as exc:
+            if not exc.retriable:  # a lost lock stops the query
+                raise
+            logger.warning("subscription %s: could not commit cursors %s (retried next trigger): %s",
+                           self.options.subscription, start.positions, exc)
 
     def _report_restarts(self, state: _DriverState, begin: Mapping[str, int]) -> None:
         """A run that began while the query was past its first offset: the new run's offsets
@@ -247,12 +278,14 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         return self._state.reported if self._state is not None else None
 
+    @plain_config_errors
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         state = self._driver()
         end_offset = SourceOffset.from_json_dict(end)
         state.lock.adopt(end_offset.lock)  # a batch planned by this query's earlier run, replayed
         stop = end_offset.positions
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, stop, state.catalog)
+        state.running_end = dict(stop)  # committed when Spark plans the next batch from it
         partitions = plan_partitions(state.catalog, self.options, begin, stop, state.skipped, recheck=state.etcd_catalog)
         if self.options.lost_offsets_location is None or self.options.fail_on_data_loss:
             return list(partitions)
@@ -278,7 +311,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ---- executor side --------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
-        return read_partition(partition, self.options.include_source)
+        return plain_iteration(read_partition(partition, self.options.include_source))
 
 
 def _release_on_sigterm(reader: DanubeStreamReader) -> None:

@@ -27,7 +27,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from danube_core.errors import DanubeError, MetadataError, SubscriptionLockLostError
+from danube_core.errors import DanubeError, MetadataError, SubscriptionBusyError, SubscriptionLockLostError
 from danube_core.keys import subscription_lock_key
 from danube_core.metadata import Lease, MetadataStore
 from danube_core.records import dump_json, load_json
@@ -102,7 +102,7 @@ class SubscriptionLock:
         while (taken := self._try_take()) is None:
             if time.monotonic() >= deadline:
                 current = metadata.get(self.key)
-                raise MetadataError(
+                raise SubscriptionBusyError(
                     f"subscription {subscription!r} is already consumed by a live query (etcd key "
                     f"{self.key!r} held by {current.decode() if current else 'a query that just ended'} "
                     f"for more than {LOCK_TTL_S + LOCK_GRACE_S}s); stop that query or use another "

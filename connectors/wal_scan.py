@@ -27,6 +27,7 @@ import json
 import logging
 import posixpath
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -354,8 +355,9 @@ class _GrowingRun:
         self._n -= 1
         self._put(positions, end_pos)
 
-    def view(self) -> np.ndarray:
-        return self._buf[: self._n]
+    def view(self) -> Sequence[int]:
+        # an int64 array: sized, indexable and bisectable as the planner needs
+        return self._buf[: self._n]  # type: ignore[return-value]
 
 
 class _FileScan:

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 try:
-    from danube_core import _fastdecode
+    from danube_core import _fastdecode  # type: ignore[attr-defined]  # the compiled extension
 except ImportError as exc:  # a source checkout never built, or code shipped without the .so
     raise ImportError(
         "danube_core._fastdecode (the compiled frame decoder) is missing from "

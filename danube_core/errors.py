@@ -8,6 +8,10 @@ boundary and chained with ``raise ... from``.
 
 from __future__ import annotations
 
+import importlib
+import re
+import sys
+
 
 class DanubeError(Exception):
     """Base class of every danube-spark error."""
@@ -108,3 +112,36 @@ class CheckpointMismatchError(DanubeError):
     """A pipeline's Spark checkpoint does not match the Delta tables it writes (deleted, replaced
     or restored from an old copy). Running on would skip or repeat rows, so the pipeline stops;
     the message names the table, the txnAppId, the checkpoint location and what to do."""
+
+
+class SubscriptionBusyError(MetadataError):
+    """Another live query holds the subscription's lock. Retriable: a dead holder's lock goes
+    away when its etcd lease expires."""
+
+    retriable = True
+
+
+# `module.Class: message` as Python prints an exception, e.g. in the traceback text Spark
+# carries across the JVM in a StreamingQueryException.
+_PRINTED_ERROR = re.compile(r"\b((?:danube_core|connectors|pipelines|broker)(?:\.\w+)+): ")
+
+
+def error_type_in(text: str) -> type[DanubeError] | None:
+    """The danube error class an error text (a Spark exception's message) reports, or None.
+
+    Errors raised in Spark's Python workers reach the driver as text only; this recovers their
+    class so callers decide by type (`issubclass`, `retriable`), not by matching message
+    wording. The outermost (last printed) danube error wins.
+    """
+    for dotted in reversed(_PRINTED_ERROR.findall(text)):
+        module_name, _, name = dotted.rpartition(".")
+        module = sys.modules.get(module_name)
+        if module is None:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, DanubeError):
+            return cls
+    return None

@@ -109,6 +109,7 @@ def iter_messages(
             raise CorruptFrameError(source, ref.offset, ref.frame_pos, str(exc)) from exc
         yield ref, msg
     if scan.stop_reason == STOP_CRC:
+        assert scan.stop_pos is not None  # a scan that stopped says where
         offset = FRAME_HEADER.unpack_from(view, scan.stop_pos)[0]
         raise CorruptFrameError(source, offset, scan.stop_pos, "CRC mismatch")
     if scan.stop_reason == STOP_PARTIAL:

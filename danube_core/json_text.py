@@ -31,6 +31,7 @@ def format_f64(value: float) -> str:
     if value == 0:
         return sign + "0.0"
     _, digit_tuple, exponent = Decimal(repr(abs(value))).as_tuple()
+    assert isinstance(exponent, int)  # a finite value's exponent ('n'/'N'/'F' mark NaN/inf)
     digits = "".join(map(str, digit_tuple)).rstrip("0")
     exponent += len(digit_tuple) - len(digits)  # value = int(digits) * 10**exponent
     length = len(digits)

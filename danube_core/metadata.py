@@ -303,7 +303,7 @@ class MetadataStore(ABC):
         stream broke. The owner then re-reads and watches again.
         """
 
-    def sync_reads(self) -> None:
+    def sync_reads(self) -> None:  # noqa: B027 (a no-op unless a store caches reads)
         """Make later reads reflect every write committed anywhere before this call.
 
         A store reads etcd itself, so there is nothing to do; a store reading a local cache

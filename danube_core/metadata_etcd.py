@@ -79,8 +79,8 @@ def _is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, unreachable) or _grpc_code(exc) in _UNAVAILABLE_CODES
 
 
-def _describe(exc: BaseException | None) -> str:
-    rpc = _grpc_error(exc)
+def _describe(exc: object) -> str:
+    rpc = _grpc_error(exc) if isinstance(exc, BaseException) else None
     if rpc is not None and hasattr(rpc, "details"):
         return f"{rpc.code().name}: {rpc.details()}"
     return f"{type(exc).__name__}: {exc}"
@@ -142,6 +142,7 @@ def _paged_range(client: Any, start: bytes, end: bytes, limit: int | None,
         if not response.more or not response.kvs:
             break
         start = response.kvs[-1].key + b"\0"
+    assert revision is not None  # the loop ran at least once
     return RangeRead(found, revision)
 
 

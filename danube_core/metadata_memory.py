@@ -245,6 +245,7 @@ class MemoryMetadataStore(MetadataStore):
         with self._cond:
             lost = [w for w in self._watches if w.on_lost is not None]
             for watch in lost:
+                assert watch.on_lost is not None
                 self._watches.remove(watch)
                 error = MetadataUnavailableError(f"watch on {watch.handle.prefix!r}: stream interrupted")
                 self._dispatcher.submit_lost(watch.handle, watch.on_lost, error)

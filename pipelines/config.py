@@ -1,29 +1,33 @@
-"""A pipeline's YAML file (`conf/pipelines/<name>.yaml`) parsed into frozen dataclasses.
+"""A pipeline's YAML file (`conf/pipelines/<name>.yaml`) validated into frozen dataclasses.
 
-The file is validated completely before any Spark session starts, so a typo fails in a second
-rather than after the query is up: an unknown key, a value of the wrong type or a missing
-required section raises `ConfigError` naming the file, the key path (`source.topics[1]`) and
-what is accepted. `${VAR}` and `${VAR:-default}` inside string values are replaced from the
-environment (secrets stay out of the file); an unset variable without a default is an error
-naming the key. A value that came from a variable may stand for a number or a boolean
-(`max_messages_per_trigger: ${BATCH}`), since the environment only holds strings.
+The schema is the dataclasses below, validated by pydantic (v2, `pydantic.dataclasses`): each
+field's type says what the key accepts, so a new key is one typed field with a default. The
+file is validated completely before any Spark session starts, so a typo fails in a second
+rather than after the query is up: unknown keys, values of the wrong type and missing
+required sections raise one `ConfigError` naming the file, each key path
+(`source.topics[1]`) and what is accepted. `${VAR}` and `${VAR:-default}` inside string
+values are replaced from the environment first (secrets stay out of the file); an unset
+variable without a default is an error naming the key. A value that came from a variable may
+stand for a number or a boolean (`max_messages_per_trigger: ${BATCH}`), since the
+environment only holds strings; a literal string never does (`Int`, `Bool`).
 
 Every key is documented in `conf/pipelines/orders.yaml`.
 """
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import os
 import re
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Union
+from typing import Annotated, Any, Literal, Mapping, Union
 
 import yaml
+from pydantic import BeforeValidator, ConfigDict, Strict, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
 
 from danube_core.errors import ConfigError
 
@@ -36,207 +40,41 @@ _INTERVAL_UNITS_MS = {
     **dict.fromkeys(("m", "min", "minute", "minutes"), 60_000),
 }
 
-AVAILABLE_NOW = "availableNow"
-PROCESSING_TIME = "processingTime"
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    """Where the topics live and how the `danube` source reads them (its options, typed)."""
-
-    etcd_endpoints: str
-    storage_url: str
-    subscription: str
-    topics: tuple[str, ...] = ()
-    topic_pattern: str | None = None
-    namespace: str | None = None
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    root_prefix: str | None = None
-    wal_root: str | None = None
-    starting_offsets: str | None = None
-    max_messages_per_trigger: int | None = None
-    max_bytes_per_trigger: str | None = None
-    fail_on_data_loss: bool = True
-    options: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """How payload bytes become columns.
-
-    `format`: raw (payload kept as bytes) | json | avro. json/avro take the schema from the
-    registry `subject` (the version each message names, else `version`, else the latest) or
-    from `inline_schema` (a JSON Schema for json, an Avro schema for avro). Payloads that do
-    not match go to quarantine (`on_error: quarantine`) or stay in the target with the
-    payload text in `_rescued_data` (`on_error: rescue`); never dropped.
-    """
-
-    format: Literal["raw", "json", "avro"] = "raw"
-    subject: str | None = None
-    version: int | None = None
-    inline_schema: str | None = None
-    on_error: Literal["quarantine", "rescue"] = "quarantine"
-
-
-@dataclass(frozen=True)
-class TableConfig:
-    """A Delta table named by `path` (a directory/URL) or by a metastore `table` name."""
-
-    path: str | None = None
-    table: str | None = None
-    partition_by: tuple[str, ...] = ()
-    merge_schema: bool = True
-    optimize_write: bool = False
-
-    @property
-    def location(self) -> str:
-        return self.path if self.path is not None else f"table {self.table}"
-
-
-@dataclass(frozen=True)
-class ExpectationRule:
-    """One great-expectations expectation: its snake_case `type` and its keyword arguments."""
-
-    type: str
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ExpectationsConfig:
-    """The suite run on every micro-batch; `results` optionally keeps per-batch results in Delta."""
-
-    suite: str
-    rules: tuple[ExpectationRule, ...]
-    results: TableConfig | None = None
-
-
-@dataclass(frozen=True)
-class TriggerConfig:
-    """`mode`: availableNow (read what exists, then stop) or processingTime (every `interval`)."""
-
-    mode: Literal["availableNow", "processingTime"] = AVAILABLE_NOW
-    interval: str | None = None
-
-    @property
-    def interval_ms(self) -> int | None:
-        return None if self.interval is None else parse_interval_ms(self.interval)
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    """One pipeline: topics in, a Delta target and a Delta quarantine out."""
-
-    name: str
-    source: SourceConfig
-    target: TableConfig
-    quarantine: TableConfig
-    checkpoint: str
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    expectations: ExpectationsConfig | None = None
-    trigger: TriggerConfig = field(default_factory=TriggerConfig)
-    spark_conf: Mapping[str, str] = field(default_factory=dict)
-    file: str = field(default="<memory>", compare=False)
-
 
 class _FromEnv(str):
     """A string produced by `${VAR}` interpolation: may be read as a number or a boolean."""
 
 
-class _Loader:
-    """Walks the YAML tree into the dataclasses above, tracking the key path for errors."""
-
-    def __init__(self, file: str) -> None:
-        self.file = file
-
-    def error(self, path: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.file}: {path or '<top level>'}: {message}")
-
-    def build(self, cls: type, data: Any, path: str) -> Any:
-        if not isinstance(data, Mapping):
-            raise self.error(path, f"expected a mapping with keys {_keys(cls)}, got {_show(data)}")
-        hints = typing.get_type_hints(cls, include_extras=False)
-        accepted = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name != "file"}
-        for key in data:
-            if key not in accepted:
-                raise self.error(_join(path, str(key)), f"unknown key; accepted keys here: {_keys(cls)}")
-        kwargs = {}
-        for name, spec in accepted.items():
-            key_path = _join(path, name)
-            if name in data:
-                kwargs[name] = self.value(hints[name], data[name], key_path)
-            elif spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-                raise self.error(key_path, "missing required key" + _section_hint(hints[name]))
-        return cls(**kwargs)
-
-    def value(self, hint: Any, data: Any, path: str) -> Any:
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-        if origin in (Union, types.UnionType):
-            inner = [a for a in args if a is not type(None)]
-            return None if data is None else self.value(inner[0], data, path)
-        if origin is Literal:
-            if data not in args:
-                raise self.error(path, f"expected one of {', '.join(map(str, args))}, got {_show(data)}")
-            return data
-        if origin is tuple:
-            items = [data] if isinstance(data, str) and args[0] is str else data
-            if not isinstance(items, list):
-                raise self.error(path, f"expected a list, got {_show(data)}")
-            return tuple(self.value(args[0], item, f"{path}[{i}]") for i, item in enumerate(items))
-        if origin in (collections.abc.Mapping, dict):
-            return self.mapping(args[1] if args else Any, data, path)
-        if dataclasses.is_dataclass(hint):
-            return self.build(hint, data, path)
-        return self.scalar(hint, data, path)
-
-    def mapping(self, value_hint: Any, data: Any, path: str) -> dict:
-        if not isinstance(data, Mapping):
-            raise self.error(path, f"expected a mapping, got {_show(data)}")
-        if value_hint is str:
-            bad = [k for k, v in data.items() if isinstance(v, (Mapping, list))]
-            if bad:
-                raise self.error(_join(path, str(bad[0])), "expected a scalar value (string, number, boolean)")
-            return {str(k): _scalar_text(v) for k, v in data.items()}
-        return {str(k): _plain(v) for k, v in data.items()}
-
-    def scalar(self, hint: Any, data: Any, path: str) -> Any:
-        if hint is bool:
-            if isinstance(data, bool):
-                return data
-            if isinstance(data, _FromEnv) and data.lower() in ("true", "false"):
-                return data.lower() == "true"
-            raise self.error(path, f"expected true or false, got {_show(data)}")
-        if hint is int:
-            if isinstance(data, int) and not isinstance(data, bool):
-                return data
-            if isinstance(data, _FromEnv) and data.strip().lstrip("-").isdigit():
-                return int(data)
-            raise self.error(path, f"expected an integer, got {_show(data)}")
-        if hint is str:
-            if isinstance(data, str):
-                return str(data)
-            if isinstance(data, (int, float)) and not isinstance(data, bool):
-                return str(data)
-            raise self.error(path, f"expected a string, got {_show(data)}")
-        if hint is Any:
-            return data
-        raise self.error(path, f"unsupported type {hint!r}")  # a bug in the dataclasses above
+def _env_int(value: Any) -> Any:
+    if isinstance(value, _FromEnv) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return value
 
 
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
+def _env_bool(value: Any) -> Any:
+    if isinstance(value, _FromEnv) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
 
 
-def _keys(cls: type) -> str:
-    return ", ".join(f.name for f in dataclasses.fields(cls) if f.init and f.name != "file")
+def _number_text(value: Any) -> Any:
+    if isinstance(value, _FromEnv):
+        return str(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
 
 
-def _section_hint(hint: Any) -> str:
-    return f" (a section with keys {_keys(hint)})" if dataclasses.is_dataclass(hint) else ""
+def _one_or_list(value: Any) -> Any:
+    return (value,) if isinstance(value, str) else value
 
 
-def _show(value: Any) -> str:
-    kind = "null" if value is None else type(value).__name__.replace("_FromEnv", "str")
-    return f"{value!r} ({kind})"
+def _scalar_text(value: Any) -> str:
+    if isinstance(value, (Mapping, list)):
+        raise ValueError("expected a scalar value (string, number, boolean)")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
 
 
 def _plain(value: Any) -> Any:
@@ -250,10 +88,214 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _scalar_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "" if value is None else str(value)
+# The field types of the schema. Scalars are strict (YAML `1` is not `true`, `"10"` is not 10)
+# except for values that came from `${VAR}`.
+Int = Annotated[int, BeforeValidator(_env_int), Strict()]
+Bool = Annotated[bool, BeforeValidator(_env_bool), Strict()]
+Text = Annotated[str, BeforeValidator(_number_text), Strict()]
+Names = Annotated[tuple[Text, ...], BeforeValidator(_one_or_list)]  # a list, or one string
+Settings = Mapping[str, Annotated[str, BeforeValidator(_scalar_text)]]  # Spark conf, source options
+FreeForm = Annotated[Mapping[str, Any], BeforeValidator(lambda v: _plain(v) if isinstance(v, Mapping) else v)]
+
+# Every section: unknown keys are errors (a typo would otherwise do nothing).
+_SECTION = ConfigDict(extra="forbid")
+
+AVAILABLE_NOW = "availableNow"
+PROCESSING_TIME = "processingTime"
+
+
+@dataclass(frozen=True, config=_SECTION)
+class SourceConfig:
+    """Where the topics live and how the `danube` source reads them (its options, typed)."""
+
+    etcd_endpoints: Text
+    storage_url: Text
+    subscription: Text
+    topics: Names = ()
+    topic_pattern: Text | None = None
+    namespace: Text | None = None
+    storage_options: FreeForm = field(default_factory=dict)
+    root_prefix: Text | None = None
+    wal_root: Text | None = None
+    starting_offsets: Text | None = None
+    max_messages_per_trigger: Int | None = None
+    max_bytes_per_trigger: Text | None = None
+    fail_on_data_loss: Bool = True
+    options: Settings = field(default_factory=dict)
+
+
+@dataclass(frozen=True, config=_SECTION)
+class DecodeConfig:
+    """How payload bytes become columns.
+
+    `format`: raw (payload kept as bytes) | json | avro. json/avro take the schema from the
+    registry `subject` (the version each message names, else `version`, else the latest) or
+    from `inline_schema` (a JSON Schema for json, an Avro schema for avro). Payloads that do
+    not match go to quarantine (`on_error: quarantine`) or stay in the target with the
+    payload text in `_rescued_data` (`on_error: rescue`); never dropped.
+    """
+
+    format: Literal["raw", "json", "avro"] = "raw"
+    subject: Text | None = None
+    version: Int | None = None
+    inline_schema: Text | None = None
+    on_error: Literal["quarantine", "rescue"] = "quarantine"
+
+
+@dataclass(frozen=True, config=_SECTION)
+class TableConfig:
+    """A Delta table named by `path` (a directory/URL) or by a metastore `table` name."""
+
+    path: Text | None = None
+    table: Text | None = None
+    partition_by: Names = ()
+    merge_schema: Bool = True
+    optimize_write: Bool = False
+
+    @property
+    def location(self) -> str:
+        return self.path if self.path is not None else f"table {self.table}"
+
+
+@dataclass(frozen=True, config=_SECTION)
+class ExpectationRule:
+    """One great-expectations expectation: its snake_case `type` and its keyword arguments."""
+
+    type: Text
+    kwargs: FreeForm = field(default_factory=dict)
+
+
+@dataclass(frozen=True, config=_SECTION)
+class ExpectationsConfig:
+    """The suite run on every micro-batch; `results` optionally keeps per-batch results in Delta."""
+
+    suite: Text
+    rules: tuple[ExpectationRule, ...]
+    results: TableConfig | None = None
+
+
+@dataclass(frozen=True, config=_SECTION)
+class TriggerConfig:
+    """`mode`: availableNow (read what exists, then stop) or processingTime (every `interval`)."""
+
+    mode: Literal["availableNow", "processingTime"] = AVAILABLE_NOW
+    interval: Text | None = None
+
+    @property
+    def interval_ms(self) -> int | None:
+        return None if self.interval is None else parse_interval_ms(self.interval)
+
+
+@dataclass(frozen=True, config=_SECTION)
+class PipelineConfig:
+    """One pipeline: topics in, a Delta target and a Delta quarantine out."""
+
+    name: Text
+    source: SourceConfig
+    target: TableConfig
+    quarantine: TableConfig
+    checkpoint: Text
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    expectations: ExpectationsConfig | None = None
+    trigger: TriggerConfig = field(default_factory=TriggerConfig)
+    spark_conf: Settings = field(default_factory=dict)
+    file: str = field(default="<memory>", compare=False)
+
+
+class _Loader:
+    """Names the file in every error; translates pydantic's errors into key paths and words."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def error(self, path: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.file}: {path or '<top level>'}: {message}")
+
+    def build(self, data: Any) -> PipelineConfig:
+        if isinstance(data, Mapping) and "file" in data:  # set by the loader, not a key
+            raise self.error("file", f"unknown key; accepted keys here: {_keys(PipelineConfig)}")
+        try:
+            return _PIPELINE.validate_python(data)
+        except ValidationError as exc:
+            lines = [f"{_path(e['loc']) or '<top level>'}: {_describe(e)}" for e in exc.errors()]
+            more = "".join(f"\n{self.file}: {line}" for line in lines[1:])
+            raise ConfigError(f"{self.file}: {lines[0]}{more}") from None
+
+
+_PIPELINE = TypeAdapter(PipelineConfig)
+
+
+def _path(loc: tuple) -> str:
+    path = ""
+    for part in loc:
+        path = f"{path}[{part}]" if isinstance(part, int) else _join(path, str(part))
+    return path
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    """Words for one pydantic error: what the key accepts and what it got."""
+    kind, loc, got = error["type"], tuple(error["loc"]), error.get("input")
+    hint = _hint_at(loc)
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        return f"unknown key; accepted keys here: {_keys(_hint_at(loc[:-1]))}"
+    if kind == "missing":
+        return "missing required key" + _section_hint(hint)
+    if kind == "literal_error":
+        return f"expected one of {', '.join(map(str, typing.get_args(hint)))}, got {_show(got)}"
+    if kind == "dataclass_type":
+        return f"expected a mapping with keys {_keys(hint)}, got {_show(got)}"
+    words = {
+        "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+        "bool_type": "true or false", "bool_parsing": "true or false", "string_type": "a string",
+        "tuple_type": "a list", "list_type": "a list", "dict_type": "a mapping", "mapping_type": "a mapping",
+    }
+    if kind in words:
+        return f"expected {words[kind]}, got {_show(got)}"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def _hint_at(loc: tuple) -> Any:
+    """The schema type at a key path (None past a free-form mapping)."""
+    hint: Any = PipelineConfig
+    for part in loc:
+        hint = _unwrap(hint)
+        if dataclasses.is_dataclass(hint) and isinstance(part, str):
+            hint = typing.get_type_hints(hint, include_extras=True).get(part)
+        elif typing.get_origin(hint) is tuple and isinstance(part, int):
+            hint = typing.get_args(hint)[0]
+        else:
+            return None
+    return _unwrap(hint)
+
+
+def _unwrap(hint: Any) -> Any:
+    """`Annotated[X, ...]` -> X, `X | None` -> X."""
+    while True:
+        if typing.get_origin(hint) is Annotated:
+            hint = typing.get_args(hint)[0]
+        elif typing.get_origin(hint) in (Union, types.UnionType):
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        else:
+            return hint
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _keys(cls: Any) -> str:
+    if not dataclasses.is_dataclass(cls):
+        return "none (free-form values)"
+    return ", ".join(f.name for f in dataclasses.fields(cls) if f.init and f.name != "file")
+
+
+def _section_hint(hint: Any) -> str:
+    return f" (a section with keys {_keys(hint)})" if dataclasses.is_dataclass(hint) else ""
+
+
+def _show(value: Any) -> str:
+    kind = "null" if value is None else type(value).__name__.replace("_FromEnv", "str")
+    return f"{value!r} ({kind})"
 
 
 def interpolate(data: Any, file: str, path: str = "", env: Mapping[str, str] | None = None) -> Any:
@@ -308,7 +350,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Pipel
 def parse_config(data: Any, file: str = "<memory>", env: Mapping[str, str] | None = None) -> PipelineConfig:
     """Validate an already parsed YAML tree (what `load_config` does after reading the file)."""
     loader = _Loader(file)
-    config = loader.build(PipelineConfig, interpolate(data, file, env=env), "")
+    config = loader.build(interpolate(data, file, env=env))
     config = dataclasses.replace(config, file=file)
     _check(config, loader)
     return config

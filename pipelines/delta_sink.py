@@ -114,7 +114,7 @@ class DeltaBatchWriter:
             counts = summary.counts(quality)
             mark = self.clock()
             metadata = commit_metadata(self.config.name, batch_id, spans, checkpoint=checkpoint,
-                                       decision=decision, lost=lost)
+                                       decision=decision, lost=lost, counts=counts)
             written = self._write_tables(marked, counts, quality, batch_id, metadata)
             fault_point("after_quarantine_write")  # test hook (pipelines.fault_hook), inert unless armed
             self._remember(written, checkpoint, batch_id, decision, spans)
@@ -272,9 +272,10 @@ def summarize(decoded: DataFrame) -> BatchSummary:
 
 def commit_metadata(pipeline: str, batch_id: int, spans: Mapping[str, OffsetSpan], *,
                     checkpoint: CheckpointState | None = None, decision: SplitDecision | None = None,
-                    lost: Mapping[str, int] | None = None) -> str:
+                    lost: Mapping[str, int] | None = None, counts: Mapping[str, int] | None = None) -> str:
     """The Delta commit's userMetadata: which offsets and objects this version holds, the
-    checkpoint that planned it, how it was split and what was skipped (`pipelines.batch_trail`)."""
+    checkpoint that planned it, how it was split, what was skipped (`pipelines.batch_trail`)
+    and how many rows went where (`counts`: rows in, to the target, to the quarantine)."""
     value: dict = {
         "pipeline": pipeline,
         "batch_id": batch_id,
@@ -288,6 +289,9 @@ def commit_metadata(pipeline: str, batch_id: int, spans: Mapping[str, OffsetSpan
         value["split_fingerprint"] = decision.fingerprint
     if lost:
         value["lost"] = dict(sorted(lost.items()))
+    if counts is not None:
+        value["counts"] = {"rows": sum(s.rows for s in spans.values()), "target": counts["valid"],
+                           "quarantine": counts["decode"] + counts["expectations"]}
     return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
 
 

@@ -17,13 +17,14 @@ import json
 import logging
 import threading
 import time
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 
 import connectors
 from connectors import options as opt
-from danube_core.errors import ConfigError
+from danube_core.errors import ConfigError, SubscriptionBusyError, error_type_in
 from danube_core.metadata import MetadataStore
 from pipelines.batch_trail import check_checkpoint, pipeline_tables, read_trail
 from pipelines.checkpoint_state import read_state
@@ -89,6 +90,22 @@ def lost_offsets_option(config: PipelineConfig) -> dict[str, str]:
     return {opt.LOST_OFFSETS_LOCATION: f"{checkpoint}/danube-lost-offsets"}
 
 
+# Query progress carries these per batch under `observedMetrics[OBSERVED_INPUT]`. Spark only
+# reports metrics observed in the streaming plan, i.e. before foreachBatch; how the rows split
+# between target and quarantine is decided inside the batch (decode, expectations), so those
+# counts are in the Delta commits' userMetadata (`counts`), the log and `PipelineMetrics`.
+OBSERVED_INPUT = "danube_input"
+
+
+def observe_input(stream: DataFrame) -> DataFrame:
+    """`stream` with per-batch input counts observed (`rows_in`, `payload_bytes_in`)."""
+    return stream.observe(
+        OBSERVED_INPUT,
+        F.count(F.lit(1)).alias("rows_in"),
+        F.coalesce(F.sum(F.length("payload")), F.lit(0)).cast("long").alias("payload_bytes_in"),
+    )
+
+
 def _text(value: int | None) -> str | None:
     return None if value is None else str(value)
 
@@ -134,7 +151,7 @@ class PipelineRunner:
         checks again before every batch it writes."""
         self.check_checkpoint()
         writer = DeltaBatchWriter(self.config, self.decoder, self.gate, self.options, self.metadata, self.metrics)
-        stream = self.spark.readStream.format("danube").options(**self.options).load()
+        stream = observe_input(self.spark.readStream.format("danube").options(**self.options).load())
         builder = (
             stream.writeStream.queryName(self.config.name)
             .foreachBatch(writer)
@@ -172,7 +189,8 @@ class PipelineRunner:
                         return self.metrics
                 return self.metrics
             except StreamingQueryException as exc:
-                if "already consumed" not in str(exc) or time.monotonic() >= deadline:
+                cause = error_type_in(str(exc))
+                if cause is None or not issubclass(cause, SubscriptionBusyError) or time.monotonic() >= deadline:
                     raise
                 logger.info("subscription %s still locked by a previous run; restarting the query",
                             self.config.source.subscription)

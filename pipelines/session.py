@@ -1,12 +1,18 @@
 """The SparkSession a pipeline runs in: Delta Lake, Spark's Avro functions, the `danube` source.
 
+What spark-submit `--conf`, `spark-defaults.conf` or a cluster sets is kept: the small-machine
+defaults below are applied only to settings nothing else has set, and a session that already
+exists (a notebook's, a Databricks cluster's) is used as it is, with only the pipeline file's own
+`spark_conf` applied.
+
 Maven coordinates: delta-spark's `configure_spark_with_delta_pip` derives the jar from the pip
 package's own version (`io.delta:delta-spark_<spark major.minor>_2.13:<delta version>`), which
 for the pinned delta-spark 4.4.1 names `io.delta:delta-spark_4.2_2.13:4.4.1`, a jar Maven
 Central does not serve; the newest Delta jar published for Spark 4.2 is 4.4.0, whose Python
-API is the same. Likewise pyspark 4.2 has no `spark-avro` 4.2 jar on Maven Central; the 4.1.1
-jar provides `from_avro`/`to_avro` on 4.2 (checked by the Avro pipeline test). Both
-coordinates live here only: `spark-submit.sh` asks `spark_packages()` for them.
+API is the same. spark-avro is built per Spark release and must be the running Spark's
+version (`avro_package`); Maven Central has no spark-avro for a few releases (4.2.0), for
+which the newest earlier release is used, with a warning. The coordinates live here only:
+`spark-submit.sh` asks `spark_packages()` for them.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Mapping
 
 from pyspark.sql import SparkSession
@@ -22,47 +29,90 @@ logger = logging.getLogger(__name__)
 
 SCALA_BINARY = "2.13"
 DELTA_PACKAGE = f"io.delta:delta-spark_4.2_{SCALA_BINARY}:4.4.0"
-AVRO_PACKAGE = f"org.apache.spark:spark-avro_{SCALA_BINARY}:4.1.1"
+# Spark releases with no spark-avro jar on Maven Central -> the newest published one that works
+# with them (`from_avro`/`to_avro` are checked by the Avro pipeline test).
+AVRO_UNPUBLISHED = {"4.2.0": "4.1.1"}
 
-# Small-machine defaults: Spark's 200 shuffle partitions cost seconds per micro-batch on 2 cores.
-LOCAL_DEFAULTS = {
+# Small-machine defaults, for settings nothing else has set: Spark's 200 shuffle partitions
+# cost seconds per micro-batch on 2 cores. Runtime SQL settings, so they can still be applied
+# once the session exists and its own configuration is known.
+RUNTIME_DEFAULTS = {
     "spark.sql.shuffle.partitions": "4",
-    "spark.default.parallelism": "4",
     "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.ui.showConsoleProgress": "false",
 }
+# Only when this process launches Spark itself (`python -m pipelines run`).
+LAUNCH_DEFAULTS = {"spark.ui.showConsoleProgress": "false"}
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 
 
-def spark_packages() -> list[str]:
+def running_spark_version() -> str:
+    """The version of the Spark that `spark-submit` (or this process) runs: `$SPARK_HOME`'s
+    when it is set (a cluster's own Spark), else the installed pyspark's."""
+    home = os.environ.get("SPARK_HOME")
+    if home:
+        for jar in (Path(home) / "jars").glob(f"spark-core_{SCALA_BINARY}-*.jar"):
+            return jar.name[len(f"spark-core_{SCALA_BINARY}-"):-len(".jar")]
+    import pyspark
+
+    return pyspark.__version__
+
+
+def avro_package(spark_version: str) -> str:
+    """spark-avro's Maven coordinates for `spark_version` (see `AVRO_UNPUBLISHED`)."""
+    version = AVRO_UNPUBLISHED.get(spark_version, spark_version)
+    if version != spark_version:
+        logger.info("no spark-avro %s on Maven Central; using %s", spark_version, version)
+    return f"org.apache.spark:spark-avro_{SCALA_BINARY}:{version}"
+
+
+def spark_packages(spark_version: str | None = None) -> list[str]:
     """Maven coordinates a pipeline needs on the classpath (Delta, spark-avro)."""
-    return [DELTA_PACKAGE, AVRO_PACKAGE]
+    return [DELTA_PACKAGE, avro_package(spark_version or running_spark_version())]
 
 
 def build_session(app_name: str, conf: Mapping[str, str] | None = None, master: str | None = None) -> SparkSession:
     """Get or create the session for a pipeline and register the `danube` data source.
 
-    Under `spark-submit` the packages and master come from the submit command; run directly
+    `conf` (the pipeline file's `spark_conf`) is applied as given. Under `spark-submit` the
+    packages, master and `--conf` settings come from the submit command; run directly
     (`python -m pipelines run`) the session asks Spark to fetch the packages itself and runs
-    on `local[*]` unless `master` or `spark.master` in `conf` says otherwise.
+    on `local[*]` unless `master` or `spark.master` in `conf` says otherwise. An existing
+    session is returned with only `conf` applied.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    existing = SparkSession.getActiveSession()
     builder = SparkSession.builder.appName(app_name)
-    settings = {**LOCAL_DEFAULTS, **DELTA_CONF, **(conf or {})}
-    if not _under_spark_submit():
-        settings.setdefault("spark.jars.packages", ",".join(spark_packages()))
-        builder = builder.master(master or settings.pop("spark.master", "local[*]"))
-    elif master is not None:
-        builder = builder.master(master)
+    settings = dict(conf or {})
+    if existing is None:
+        settings = {**DELTA_CONF, **settings}
+        if not _under_spark_submit():
+            settings = {**LAUNCH_DEFAULTS, **settings}
+            settings.setdefault("spark.jars.packages", ",".join(spark_packages()))
+            builder = builder.master(master or settings.pop("spark.master", "local[*]"))
+        elif master is not None:
+            builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if existing is None:
+        apply_runtime_defaults(spark)
     register_danube(spark)
-    logger.info("spark %s session %s ready (master %s)", spark.version, app_name, spark.sparkContext.master)
+    logger.info("spark %s session %s ready (master %s, spark.sql.shuffle.partitions=%s)", spark.version,
+                app_name, spark.sparkContext.master, spark.conf.get("spark.sql.shuffle.partitions"))
     return spark
+
+
+def apply_runtime_defaults(spark: SparkSession) -> dict[str, str]:
+    """Set each of `RUNTIME_DEFAULTS` that the session's configuration (spark-submit `--conf`,
+    `spark-defaults.conf`, the builder) does not name. Returns what was set."""
+    given = spark.sparkContext.getConf()
+    applied = {key: value for key, value in RUNTIME_DEFAULTS.items() if not given.contains(key)}
+    for key, value in applied.items():
+        spark.conf.set(key, value)
+    return applied
 
 
 def register_danube(spark: SparkSession) -> None:

@@ -8,7 +8,9 @@ with `pyspark_`, and registers its `DefaultSource` (a `DataSource` subclass) und
 Spark's Python workers: installed with `pip install danube-spark` (or an editable install in
 `compat` mode, `pip install -e . --config-settings editable_mode=compat`, since the default
 editable mode uses an import hook that `iter_modules` does not see), or on `PYTHONPATH`.
-`connectors.register(spark)` is still needed for the cursor-committing listener.
+Without `connectors.register(spark)` a stream commits its subscription cursors itself, one
+trigger after each batch (see `connectors.cursor_commit`); the listener the call installs
+commits them as soon as each batch's progress is posted.
 """
 
 from connectors.source import DanubeDataSource as DefaultSource

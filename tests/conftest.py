@@ -21,6 +21,27 @@ from broker.embedded_etcd import EmbeddedEtcd, free_port, wait_for_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# Each test directory is one marker, so `-m unit` (or integration, spark, speedlayer) selects
+# the whole directory; the markers are declared in setup.cfg.
+DIRECTORY_MARKERS = ("unit", "integration", "spark", "speedlayer")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            relative = Path(str(item.path)).resolve().relative_to(tests_dir)
+        except ValueError:
+            continue
+        if len(relative.parts) > 1 and relative.parts[0] in DIRECTORY_MARKERS:
+            directory = relative.parts[0]
+            # A module's own mark naming another directory (a speed layer test marked
+            # `integration`) would pull it into that directory's selection.
+            for node in item.listchain():
+                node.own_markers[:] = [m for m in node.own_markers
+                                       if m.name not in DIRECTORY_MARKERS or m.name == directory]
+            item.add_marker(directory)
+
 
 class MotoS3Server:
     """moto's S3 server on a free port, as s3fs's own test suite uses it."""

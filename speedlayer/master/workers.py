@@ -81,7 +81,8 @@ class WorkerDirectory:
             session.held[ref] = R_READY
             ready = Replica(state=R_READY, rows=epoch.rows, bytes=epoch.bytes)
 
-            def adopt(current: AssignmentRecord, worker: str = session.worker_id) -> AssignmentRecord | None:
+            def adopt(current: AssignmentRecord, worker: str = session.worker_id, epoch: cp.HeldEpoch = epoch,
+                      ready: Replica = ready) -> AssignmentRecord | None:
                 if worker in current.replicas:
                     if current.replicas[worker].state == R_READY:
                         return None

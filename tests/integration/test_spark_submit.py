@@ -54,7 +54,7 @@ def test_spark_submit_runs_a_pipeline_on_a_local_master(etcd_endpoint, tmp_path,
 
         done = subprocess.run(
             [str(REPO_ROOT / "spark-submit.sh"), "run", str(file), "--master", "local[1]",
-             "--conf", "spark.ui.enabled=false"],
+             "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=7"],
             cwd=str(tmp_path), capture_output=True, text=True, timeout=900,
         )
 
@@ -64,3 +64,18 @@ def test_spark_submit_runs_a_pipeline_on_a_local_master(etcd_endpoint, tmp_path,
         key = cursor_key(topic.name, name)
         assert parse_cursor(metadata.get(key), key) == 41
         assert (REPO_ROOT / "build" / "spark-submit" / "danube-spark.zip").exists()
+        # The submitted --conf wins over the pipeline session's small-machine default (4): the
+        # query's offset log records the value each batch ran with.
+        assert shuffle_partitions(tmp_path / "checkpoint") == {"7"}
+        assert "spark.sql.shuffle.partitions=7)" in done.stdout  # the driver's Python logs to stdout
+
+
+def shuffle_partitions(checkpoint: Path) -> set[str]:
+    """`spark.sql.shuffle.partitions` as recorded in each batch of a query's offset log."""
+    values = set()
+    for batch in (checkpoint / "offsets").iterdir():
+        if batch.name.isdigit():
+            metadata = json.loads(batch.read_text().splitlines()[1])  # line 0 is the log version
+            values.add(metadata["conf"]["spark.sql.shuffle.partitions"])
+    assert values, f"no batch in {checkpoint / 'offsets'}"
+    return values

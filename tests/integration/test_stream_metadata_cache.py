@@ -65,7 +65,7 @@ def test_a_stream_makes_no_etcd_range_reads_after_its_first_trigger(env, monkeyp
 
     monkeypatch.setattr(EtcdSettings, "connect", connect)
     monkeypatch.setattr(stream_module, "LAG_RECORD_INTERVAL_S", 1e9)  # lag records: first trigger only
-    builder, topic = env["builder"], env["topic"]
+    builder = env["builder"]
     reader = DanubeStreamReader(parse_options({**env["options"], "startingOffsets": "earliest"}))
     start = reader.initialOffset()
     planning_s, after_first, read = [], None, []

@@ -22,7 +22,7 @@ from danube_core.objectstore import ObjectStore
 from danube_core.records import parse_cursor
 from danube_core.schema_registry import register_schema
 from pipelines.config import PipelineConfig, parse_config
-from pipelines.runner import PipelineRunner
+from pipelines.runner import OBSERVED_INPUT, PipelineRunner
 from tests.topic_builder import TopicBuilder
 
 pytestmark = pytest.mark.spark
@@ -167,6 +167,10 @@ def test_json_pipeline_splits_valid_and_failing_rows_exactly(lake):
     meta = json.loads(history[0]["userMetadata"])
     assert meta["offsets"] == {topic.name: {"start": 0, "end": 25}}
     assert meta["objects"] == sorted({d.object_id for d in topic.descriptors} | {"wal"})
+    assert meta["counts"] == {"rows": 25, "target": 21, "quarantine": 4}
+    observed = [p.observedMetrics[OBSERVED_INPUT] for p in runner.query.recentProgress if p.numInputRows]
+    assert sum(m["rows_in"] for m in observed) == 25
+    assert sum(m["payload_bytes_in"] for m in observed) == sum(len(payload(o)) for o in range(25))
 
 
 def test_a_replayed_batch_adds_nothing_and_the_cursor_follows_delta(lake):

@@ -13,7 +13,6 @@ import pytest
 from broker.embedded_etcd import free_port
 from speedlayer.client import delta_request
 from speedlayer.observability.audit import read_audit_log
-from speedlayer.records import GlobalConfig
 from tests.rig import eventually
 from tests.speedlayer.cluster import REPO_ROOT, ready_workers
 

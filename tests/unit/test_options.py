@@ -290,6 +290,13 @@ def test_kafka_source_options_say_what_to_use_instead(key: str, words: str) -> N
     assert words in str(info.value)
 
 
+@pytest.mark.parametrize("key", ["kafka.security.protocol", "kafka.sasl.jaas.config", "Kafka.Client.Id"])
+def test_kafka_consumer_properties_say_there_is_no_consumer(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"option '{key}' is a Kafka consumer property") as info:
+        parse(**{key: "x"})
+    assert "'etcd.endpoints'" in str(info.value) and "'storage.url'" in str(info.value)
+
+
 def test_kafka_nested_per_partition_offsets() -> None:
     opts = parse(startingOffsets='{"/default/orders": {"0": 12, "1": -2}}')
     assert opts.starting.offsets == {"/default/orders-part-0": 12, "/default/orders-part-1": -2}

@@ -174,3 +174,53 @@ def test_reader_options_map_onto_the_danube_source(tmp_path):
     assert parsed.starting.kind == "earliest"
     assert parsed.storage_options["key"] == "k"
     assert parsed.max_trigger_delay_ms == 5000
+
+
+def test_every_error_in_the_file_is_reported_at_once(tmp_path):
+    data = with_changes("source", max_messages_per_trigger="many", fail_on_data_loss="yes")
+    data["target"]["merge_schema"] = 1
+    lines = config_error(write(tmp_path, data)).splitlines()
+    file = str(tmp_path / "pipe.yaml")
+    assert lines == [
+        f"{file}: source.max_messages_per_trigger: expected an integer, got 'many' (str)",
+        f"{file}: source.fail_on_data_loss: expected true or false, got 'yes' (str)",
+        f"{file}: target.merge_schema: expected true or false, got 1 (int)",
+    ]
+
+
+def test_spark_conf_values_are_scalars_given_as_text(tmp_path):
+    config = load_config(write(tmp_path, with_changes(None, spark_conf={"spark.sql.shuffle.partitions": 8,
+                                                                         "spark.ui.enabled": False})))
+    assert config.spark_conf == {"spark.sql.shuffle.partitions": "8", "spark.ui.enabled": "false"}
+    message = config_error(write(tmp_path, with_changes(None, spark_conf={"spark.x": {"nested": 1}})))
+    assert "spark_conf.spark.x: expected a scalar value" in message
+
+
+def test_one_topic_may_be_a_string_and_enum_values_may_come_from_env(tmp_path):
+    data = with_changes("source", topics="/default/orders")
+    data["decode"]["format"] = "${FORMAT}"
+    config = load_config(write(tmp_path, data), env={"FORMAT": "json"})
+    assert config.source.topics == ("/default/orders",)
+    assert config.decode.format == "json" and type(config.decode.format) is str
+
+
+def test_file_is_not_a_key_of_the_file(tmp_path):
+    assert "file: unknown key" in config_error(write(tmp_path, with_changes(None, file="/elsewhere.yaml")))
+
+
+def test_not_a_mapping_at_the_top(tmp_path):
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- name: orders\n")
+    assert "list.yaml: <top level>: expected a mapping with keys name, source" in config_error(bad)
+
+
+def test_sections_are_dataclasses_code_can_build_and_replace(tmp_path):
+    import dataclasses
+
+    from pipelines.config import DecodeConfig, ExpectationRule
+
+    config = load_config(write(tmp_path, with_changes(None)))
+    assert dataclasses.replace(config, expectations=None).file == config.file
+    assert dataclasses.asdict(config.decode)["subject"] == "orders"
+    assert DecodeConfig("json", subject="s").format == "json"
+    assert ExpectationRule("expect_x", {"column": "a"}).kwargs == {"column": "a"}
