@@ -19,8 +19,8 @@ headers). Best of `--repeat` (interleaved) on a local[2] SparkSession with Delta
 are split into the Spark side (the JVM, its Python workers, this process) and the broker
 side (Kafka's JVM; etcd for danube, which the source reads on the driver only), so rows per
 CPU second count Kafka's broker CPU on its side; ratios are taken against the same-run Kafka
-case and Parquet. Finally the danube cases are run once more under py-spy
-(`bench/pyspy_profile.py`): where the Python side's CPU goes, batch and stream.
+case and Parquet. Finally some cases run once more, untimed, under Flight Recorder
+(`bench/jfr_profile.py`, the JVM) and py-spy (`bench/pyspy_profile.py`, danube's Python side).
 
     python bench/bench_kafka.py [--messages 2000000] [--repeat 3] [--only danube,kafka]
 
@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
 import bench_connector as data  # noqa: E402  (the danube topic's frames, objects and etcd keys)
+import jfr_profile  # noqa: E402
 import pyspy_profile  # noqa: E402
 from common import Column, machine_info, print_table, timed, tree_cpu_s, write_results  # noqa: E402
 from kafka_server import KAFKA_VERSION, KafkaNode, fetch_kafka_jars  # noqa: E402
@@ -156,6 +158,7 @@ class Inputs:
 
     def __init__(self, spark, danube_options: dict, bootstrap: str, parquet: Path) -> None:
         self.spark, self.options, self.bootstrap, self.parquet = spark, danube_options, bootstrap, parquet
+        self.systems: set[str] = set()
 
     def frame(self, case: Case):
         reader = self.spark.readStream if case.stream else self.spark.read
@@ -241,17 +244,21 @@ def summarise(runs: dict[Case, list[Run]], rows: int) -> list[dict]:
     return list(out.values())
 
 
-def profiles(inputs: Inputs, jvm_pid: int, work: Path, rows: int, parts: list[int]) -> dict:
-    """py-spy profiles of the danube batch and stream cases (untimed runs)."""
-    if not pyspy_profile.available():
-        return {"skipped": "py-spy is not installed (pip install -e '.[bench]')"}
-    result = {}
-    for case in (Case("danube", False, False, 1), Case("danube", True, False, 1)):
-        if case.parts not in parts:
+def profiles(inputs: Inputs, jvm_pid: int, work: Path, rows: int) -> dict:
+    """Untimed runs under the profilers: the JVM (Flight Recorder) for each system's full-schema
+    batch, and the Python side too (py-spy) for danube, batch and stream."""
+    result: dict = {}
+    cases = [Case("danube", False, False, 1), Case("danube", True, False, 1), Case("kafka", False, False, 1),
+             Case("parquet", False, False, 1)]
+    for case in cases:
+        if case.system not in inputs.systems:
             continue
-        with pyspy_profile.PythonProfile(jvm_pid) as prof:
+        python = pyspy_profile.PythonProfile(jvm_pid) if case.system == "danube" and pyspy_profile.available() else None
+        jvm = jfr_profile.JvmProfile(jvm_pid) if jfr_profile.available() else None
+        with python or nullcontext(), jvm or nullcontext():
             to_delta(inputs.spark, inputs.frame(case), case.stream, work / "delta-profile", rows)
-        result[case.name] = prof.summary()
+        result[case.name] = {"python": python.summary() if python else "py-spy not installed (extra bench)",
+                             "jvm": jvm.summary() if jvm else "jcmd/jfr not found (a JDK is needed)"}
     return result
 
 
@@ -278,6 +285,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
                     .write.parquet(str(parquet))
                 produce_kafka(spark, kafka.bootstrap, parquet, args.messages)
                 inputs = Inputs(spark, options, kafka.bootstrap, parquet)
+                inputs.systems = set(args.only)
                 servers = {"kafka": kafka.pid, "etcd": etcd.process.pid}
                 rows = {1: args.messages, 4: args.messages // 4 * 4}
                 cases = all_cases(args.only)
@@ -289,7 +297,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
                         runs[case].append(measure(inputs, case, work / "delta", rows[case.parts], servers))
                         print(f"  {case.name}: {runs[case][-1]}", flush=True)
                 jvm = spark.sparkContext._gateway.proc.pid
-                profile = profiles(inputs, jvm, work, args.messages, [1]) if args.profile else {}
+                profile = profiles(inputs, jvm, work, args.messages) if args.profile else {}
             finally:
                 spark.stop()
     finally:
@@ -312,11 +320,14 @@ def report(result: dict) -> None:
         Column("x parquet wall", "wall_vs_parquet"), Column("x parquet cpu", "cpu_rate_vs_parquet"),
         Column("stream/batch cpu", "stream_cpu_vs_batch")])
     for name, prof in result["profiles"].items():
-        if not isinstance(prof, dict) or "own" not in prof:
-            continue
-        print(f"\npy-spy, {name}: {prof['samples']:,} samples at {prof['rate_hz']} Hz (~{prof['cpu_s_estimate']} "
-              f"CPU s of Python in {prof['processes']} process trees)")
-        print_table(prof["own"][:10], [Column("own samples", "function"), Column("share", "share", "{:.0%}")])
+        for side in ("python", "jvm"):
+            p = prof.get(side)
+            if not isinstance(p, dict):
+                continue
+            what = (f"py-spy, ~{p['cpu_s_estimate']} CPU s of Python in {p['processes']} process trees"
+                    if side == "python" else "Flight Recorder, Java threads in Java code")
+            print(f"\n{name}: {p['samples']:,} samples ({what})")
+            print_table(p["own"][:10], [Column("own samples", "function"), Column("share", "share", "{:.0%}")])
 
 
 def main(argv: list[str] | None = None) -> int:
