@@ -51,6 +51,7 @@ from kafka_server import KAFKA_VERSION, KafkaNode, fetch_kafka_jars  # noqa: E40
 
 TOPIC_1, TOPIC_4 = data.MAIN_TOPIC, [f"/bench/orders4-part-{p}" for p in range(4)]
 KAFKA_TOPIC = {1: "orders-1p", 4: "orders-4p"}
+CONNECT_BACK_ATTEMPTS = 3
 LIKE_FOR_LIKE = {"danube": ["payload", "offset", "publish_time", "attributes"],
                  "kafka": ["value", "key", "offset", "timestamp", "headers"],
                  "parquet": ["payload", "offset", "publish_time", "attributes"]}
@@ -73,9 +74,9 @@ class Case:
         return f"{self.system} {mode}, {self.parts} {unit}{'s' if self.parts > 1 else ''}, {cols}"
 
 
-def all_cases(only: set[str]) -> list[Case]:
+def all_cases(only: set[str], parts: list[int]) -> list[Case]:
     cases = [Case("parquet", False, narrow, 1) for narrow in (False, True)]
-    cases += [Case(system, stream, narrow, parts) for parts in (1, 4) for stream in (False, True)
+    cases += [Case(system, stream, narrow, n) for n in parts for stream in (False, True)
               for narrow in (True, False) for system in ("danube", "kafka")]
     return [c for c in cases if c.system in only]
 
@@ -159,6 +160,7 @@ class Inputs:
     def __init__(self, spark, danube_options: dict, bootstrap: str, parquet: Path) -> None:
         self.spark, self.options, self.bootstrap, self.parquet = spark, danube_options, bootstrap, parquet
         self.systems: set[str] = set()
+        self.retries: dict[str, int] = {}  # runs repeated because a Python worker started too slowly
 
     def frame(self, case: Case):
         reader = self.spark.readStream if case.stream else self.spark.read
@@ -208,9 +210,20 @@ def measure(inputs: Inputs, case: Case, out: Path, rows: int, servers: dict[str,
     def cpus() -> dict[str, float]:
         return {"all": tree_cpu_s(), **{name: tree_cpu_s(pid) for name, pid in servers.items()}}
 
-    before = cpus()
-    with timed() as t:
-        to_delta(inputs.spark, inputs.frame(case), case.stream, out, rows)
+    for attempt in range(1, CONNECT_BACK_ATTEMPTS + 1):
+        before = cpus()
+        try:
+            with timed() as t:
+                to_delta(inputs.spark, inputs.frame(case), case.stream, out, rows)
+            break
+        except Exception as exc:  # Spark's own 10 s limit for a new Python process, under heavy load
+            if "failed to connect back" not in str(exc) or attempt == CONNECT_BACK_ATTEMPTS:
+                raise
+            inputs.retries[case.name] = inputs.retries.get(case.name, 0) + 1
+            print(f"  {case.name}: a Python worker did not connect back in time (load "
+                  f"{os.getloadavg()[0]:.1f}); run again", flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(str(out) + "-chk", ignore_errors=True)
     after = cpus()
     spent = {k: after[k] - before[k] for k in after}
     side = {"kafka": "kafka", "danube": "etcd"}.get(case.system)
@@ -255,8 +268,14 @@ def profiles(inputs: Inputs, jvm_pid: int, work: Path, rows: int) -> dict:
             continue
         python = pyspy_profile.PythonProfile(jvm_pid) if case.system == "danube" and pyspy_profile.available() else None
         jvm = jfr_profile.JvmProfile(jvm_pid) if jfr_profile.available() else None
-        with python or nullcontext(), jvm or nullcontext():
-            to_delta(inputs.spark, inputs.frame(case), case.stream, work / "delta-profile", rows)
+        try:
+            with python or nullcontext(), jvm or nullcontext():
+                to_delta(inputs.spark, inputs.frame(case), case.stream, work / "delta-profile", rows)
+        except Exception as exc:  # a profile is evidence, not a result: report and go on
+            result[case.name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            shutil.rmtree(work / "delta-profile", ignore_errors=True)
+            shutil.rmtree(str(work / "delta-profile") + "-chk", ignore_errors=True)
+            continue
         result[case.name] = {"python": python.summary() if python else "py-spy not installed (extra bench)",
                              "jvm": jvm.summary() if jvm else "jcmd/jfr not found (a JDK is needed)"}
     return result
@@ -288,7 +307,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
                 inputs.systems = set(args.only)
                 servers = {"kafka": kafka.pid, "etcd": etcd.process.pid}
                 rows = {1: args.messages, 4: args.messages // 4 * 4}
-                cases = all_cases(args.only)
+                cases = all_cases(args.only, args.parts)
                 for case in {c.system: c for c in reversed(cases)}.values():  # warm-up: class loading, JIT
                     measure(inputs, case, work / "delta", rows[case.parts], servers)
                 runs: dict[Case, list[Run]] = {c: [] for c in cases}
@@ -304,7 +323,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         shutil.rmtree(etcd_dir, ignore_errors=True)
     return {"benchmark": "kafka", **machine_info(), "messages": args.messages,
             "payload_bytes": data.PAYLOAD_BYTES, "kafka_version": KAFKA_VERSION, "repeat": args.repeat,
-            "cases": summarise(runs, args.messages), "profiles": profile,
+            "cases": summarise(runs, args.messages), "profiles": profile, "retried_runs": inputs.retries,
             "goals": {"wall_vs_kafka": 1.0, "cpu_rate_vs_kafka": 1.0, "wall_vs_parquet": 0.8,
                       "stream_cpu_vs_batch": 1.05}}
 
@@ -336,10 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (the best is kept)")
     parser.add_argument("--only", type=lambda s: set(s.split(",")), default={"parquet", "danube", "kafka"},
                         help="comma-separated systems to measure: parquet, danube, kafka")
+    parser.add_argument("--parts", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4],
+                        help="partitions (Kafka) / topics (danube) to measure: 1, 4 or 1,4")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="skip the py-spy runs")
     args = parser.parse_args(argv)
-    if args.messages < 4 or args.repeat < 1 or not args.only <= {"parquet", "danube", "kafka"}:
-        parser.error("--messages must be >= 4, --repeat >= 1, --only among parquet,danube,kafka")
+    if args.messages < 4 or args.repeat < 1 or not args.only <= {"parquet", "danube", "kafka"} \
+            or not set(args.parts) <= {1, 4}:
+        parser.error("--messages must be >= 4, --repeat >= 1, --only among parquet,danube,kafka, --parts among 1,4")
     work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
     load_start = round(os.getloadavg()[0], 2)
     try:
