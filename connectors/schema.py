@@ -97,7 +97,7 @@ def to_spark_batch(raw: pa.RecordBatch, topic: str, source: str | None) -> pa.Re
         _u64_to_decimal(raw.column("schema_id")),
         pc.cast(raw.column("schema_version"), pa.int64()),
     ]
-    if include_source:
+    if source is not None:
         columns.append(_repeated_string(source, rows))
     return pa.RecordBatch.from_arrays(columns, schema=target)
 

@@ -47,6 +47,6 @@ def test_pipeline_written_table_is_ready_on_two_of_three_workers(spark, cluster_
     for dataset, path in tables.items():
         reply = client.admit(delta_request("acme", dataset, path))
         assert reply.status == "ASSIGNED", reply
-        ready = eventually(lambda: (r := ready_workers(client, "acme", dataset, reply.epoch_id)) and len(r) == 2 and r,
-                           deadline_s=90)
+        ready = eventually(lambda d=dataset, e=reply.epoch_id: (r := ready_workers(client, "acme", d, e))
+                           and len(r) == 2 and r, deadline_s=90)
         assert set(ready.values()) == {expected[dataset]}, (dataset, ready, expected)
