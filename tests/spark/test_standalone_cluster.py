@@ -13,6 +13,12 @@ What it proves, with `tests/executor_guard` on the executors' PYTHONPATH:
 * executors never need etcd: importing its client on an executor fails the task;
 * the result: every message in exactly one of the Delta table and the quarantine, and the
   subscription cursor in etcd at the last offset.
+
+Measured: 14 minutes on 2 cores under a load average of about 30 (other suites running).
+Known limit: Spark 4.2 gives each Python process it starts on the driver (the streaming source's
+runner) 10 s to connect back, hard-coded in `PythonWorkerFactory.createSimpleWorker`; on a
+machine so loaded that starting an interpreter takes longer (seen at a load average of 40 on 2
+cores), the query fails with "Python worker failed to connect back", whatever this code does.
 """
 
 from __future__ import annotations
