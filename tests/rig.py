@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
@@ -58,3 +58,18 @@ class CountingStore:
     @property
     def requests(self) -> int:
         return sum(self.calls.values())
+
+
+def query_reached(query: Any, batch_id: int = 0) -> bool:
+    """For `eventually`: whether a streaming query has reported progress of `batch_id` or later.
+
+    A query that already stopped makes this raise at once with the query's own error, so a
+    test says why its query died (a source error, a Python worker that could not connect back
+    under load, ...) instead of waiting out its deadline for progress that cannot come.
+    """
+    progress = query.lastProgress
+    if progress is not None and progress["batchId"] >= batch_id:
+        return True
+    if not query.isActive:
+        raise RuntimeError(f"query {query.name or query.id} stopped before batch {batch_id}: {query.exception()}")
+    return False
