@@ -15,6 +15,7 @@ def eventually(check: Callable[[], T], deadline_s: float = 20.0, interval_s: flo
     """
     deadline = time.monotonic() + deadline_s
     last_error: AssertionError | None = None
+    result: Any = None
     while time.monotonic() < deadline:
         try:
             result = check()
@@ -25,7 +26,19 @@ def eventually(check: Callable[[], T], deadline_s: float = 20.0, interval_s: flo
         time.sleep(interval_s)
     if last_error is not None:
         raise last_error
-    raise TimeoutError(f"condition not met within {deadline_s}s")
+    raise TimeoutError(f"condition not met within {deadline_s}s: {_describe(check)} (last value {result!r})")
+
+
+def _describe(check: Callable[..., Any]) -> str:
+    """Where a polled condition is written (its source line), so a timeout names the fault."""
+    import inspect
+
+    try:
+        line = inspect.getsourcelines(check)[0][0].strip()
+        where = f"{inspect.getsourcefile(check)}:{check.__code__.co_firstlineno}"
+    except (OSError, TypeError, AttributeError):
+        return repr(check)
+    return f"{line}  [{where}]"
 
 
 class CountingStore:
