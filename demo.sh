@@ -3,8 +3,8 @@
 # produces a sample topic with the official danube-client, runs the pipeline into a Delta
 # table and prints the result; then shuts down what it started.
 set -euo pipefail
-# editable_mode=compat puts the checkout on sys.path through a .pth file, so Spark's data
+# Exact versions come from constraints.txt (setup.cfg has the ranges). editable_mode=compat puts the checkout on sys.path through a .pth file, so Spark's data
 # source lookup (pkgutil.iter_modules) finds `pyspark_danube` and format("danube") needs no call.
 cd "$(dirname "$0")"
-python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -e .
+python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -c constraints.txt -e ".[all]"
 exec python3 -m pipelines demo "$@"

@@ -2,8 +2,8 @@
 # Runs the whole test suite. Installs what it needs first; the tests start their own
 # etcd server, moto S3 server and local Spark session.
 set -euo pipefail
-# editable_mode=compat puts the checkout on sys.path through a .pth file, so Spark's data
+# Exact versions come from constraints.txt (setup.cfg has the ranges). editable_mode=compat puts the checkout on sys.path through a .pth file, so Spark's data
 # source lookup (pkgutil.iter_modules) finds `pyspark_danube` and format("danube") needs no call.
 cd "$(dirname "$0")"
-python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -e ".[test]"
+python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -c constraints.txt -e ".[all,test]"
 exec python3 -m pytest -q "$@" tests

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-s", type=float, default=10.0, help="length of timed faults (etcd, S3)")
     parser.add_argument("--register-ttl-s", type=int, default=32, help="broker registration lease (Danube: 32)")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="cases run at once (each has its own broker, ports and pipelines; they share etcd)")
+                        help="cases run at once (each with its own etcd, broker, ports and pipelines)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, tables)")
     parser.add_argument("--results", default="faults", help="bench/results/<name>.json (default faults)")
     args = parser.parse_args(argv)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     printing = threading.Lock()
 
     def one(name: str) -> dict:
-        result = run_case(name, workdir, etcd, sizes)
+        result = run_case(name, workdir, etcd, sizes, own_etcd=args.jobs > 1)
         with printing:
             print_table([result], COLUMNS)
         return result
@@ -125,13 +125,21 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def run_case(name: str, workdir: Path, etcd: Etcd, sizes: cases.Sizes) -> dict:
+def run_case(name: str, workdir: Path, etcd: Etcd, sizes: cases.Sizes, own_etcd: bool = False) -> dict:
+    """One case as a row. `own_etcd`: on an etcd of its own (cases run at once must not share
+    one: their brokers would form one cluster and take over each other's topics, uploading them
+    to another case's storage)."""
     started = time.monotonic()
+    if own_etcd:
+        etcd = Etcd(workdir / f"etcd-{name}").start()
     try:
         result = CASES[name](workdir, etcd, sizes)
     except Exception as exc:  # a failed case is a row, the battery goes on
         traceback.print_exc()
         result = {"fault": name, "outcome": f"CASE FAILED: {type(exc).__name__}: {str(exc)[:300]}"}
+    finally:
+        if own_etcd:
+            etcd.stop()
     result.update(case=name, case_s=time.monotonic() - started, load_1m=machine_info()["load_average_1m"],
                   goal="<= 3 s" if name == "broker_kill9" else None)
     return result

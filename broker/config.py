@@ -18,6 +18,7 @@ the key and what is expected.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -26,6 +27,8 @@ import yaml
 
 from danube_core.errors import ConfigError
 from danube_core.records import Policies
+
+logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "DANUBE_"
 ENV_SEPARATOR = "__"
@@ -397,11 +400,21 @@ def _is_listen(value: object) -> bool:
     return True
 
 
+def _uploader_enabled(section: _Reader, default: bool) -> bool:
+    """Parsed and ignored, as by Danube v0.7.3 (the uploader always runs; a topic move seals
+    after uploading). `false` gets a warning so nobody counts on it."""
+    enabled = section.flag("enabled", default)
+    if not enabled:
+        logger.warning("config %s: %s=false is ignored, as by Danube v0.7.3: the uploader always runs "
+                       "(a long interval_seconds defers uploads)", section.source, section.key("enabled"))
+    return enabled
+
+
 def _uploader(section: _Reader) -> UploaderSection:
     section.only({"enabled", "interval_seconds", "root_prefix", "max_object_mb"})
     d = UploaderSection()
     return UploaderSection(
-        enabled=section.flag("enabled", d.enabled),
+        enabled=_uploader_enabled(section, d.enabled),
         interval_seconds=section.integer("interval_seconds", d.interval_seconds, 1),
         root_prefix=section.text("root_prefix", d.root_prefix),
         max_object_mb=section.integer("max_object_mb", None, 1),

@@ -471,11 +471,11 @@ def _offsets_json(key: str, text: str, accepted: str, lowest: int) -> dict[str, 
 
 def _salvage(opts: Mapping[str, str]) -> tuple[str, ...] | None:
     """Object ids and WAL file URLs to read whole, for one topic, with their provenance."""
-    from danube_core.objectstore import OBJECT_ID_PATTERN
-
     value = _get(opts, SALVAGE)
     if value is None:
         return None
+    from danube_core.objectstore import OBJECT_ID_PATTERN  # fsspec: ~0.1 s, only when asked for
+
     names = tuple(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
     accepted = ("comma-separated object ids (data-<start>-<secs>.dnb1) and WAL file URLs or paths, "
                 "as `python -m connectors.topic_inspector runs` lists them")

@@ -53,6 +53,7 @@ SPARK_SCHEMA = StructType(
 )
 
 _DECIMAL_U64 = pa.decimal128(20, 0)
+_TIMESTAMP_US = pa.timestamp("us", tz="UTC")
 # Largest publish_time (ms) whose microsecond value still fits Spark's int64 timestamps.
 _MAX_PUBLISH_TIME_MS = (2**63 - 1) // 1000
 
@@ -76,6 +77,8 @@ def to_spark_batch(raw: pa.RecordBatch, topic: str, source: str | None) -> pa.Re
     """Convert one decoded batch of `topic` (broker name) into the Spark schema.
 
     `source` is the lineage value for the `source` column, or None when it is not requested.
+    Columns are built from numpy buffers, never from Python scalars: pyarrow imports pandas
+    to convert a Python value, which would cost each fresh Python worker ~0.4 s of CPU.
     """
     include_source = source is not None
     target = arrow_schema(include_source)
@@ -83,8 +86,8 @@ def to_spark_batch(raw: pa.RecordBatch, topic: str, source: str | None) -> pa.Re
     rows = raw.num_rows
     partition = name.partition
     columns = [
-        pa.repeat(name.base_name, rows),
-        pa.nulls(rows, pa.int32()) if partition is None else pa.repeat(pa.scalar(partition, pa.int32()), rows),
+        _repeated_string(name.base_name, rows),
+        pa.nulls(rows, pa.int32()) if partition is None else _repeated_int32(partition, rows),
         pc.cast(raw.column("offset"), pa.int64()),
         _publish_time(raw.column("publish_time")),
         raw.column("producer_name"),
@@ -94,17 +97,38 @@ def to_spark_batch(raw: pa.RecordBatch, topic: str, source: str | None) -> pa.Re
         _u64_to_decimal(raw.column("schema_id")),
         pc.cast(raw.column("schema_version"), pa.int64()),
     ]
-    if include_source:
-        columns.append(pa.repeat(source, rows))
+    if source is not None:
+        columns.append(_repeated_string(source, rows))
     return pa.RecordBatch.from_arrays(columns, schema=target)
 
 
+def _u64_values(column: pa.Array) -> np.ndarray:
+    """A u64 column's value buffer as numpy (no copy; slots under nulls hold anything)."""
+    data = column.buffers()[1]
+    return np.frombuffer(data, dtype="<u8", count=len(column) + column.offset)[column.offset:]
+
+
+def _repeated_string(value: str, rows: int) -> pa.Array:
+    data = value.encode()
+    offsets = np.arange(rows + 1, dtype=np.int32) * np.int32(len(data))
+    return pa.Array.from_buffers(pa.string(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data * rows)], 0)
+
+
+def _repeated_int32(value: int, rows: int) -> pa.Array:
+    return pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(np.full(rows, value, dtype=np.int32))], 0)
+
+
 def _publish_time(millis: pa.Array) -> pa.Array:
-    too_large = pc.greater(millis, pa.scalar(_MAX_PUBLISH_TIME_MS, millis.type))
-    if pc.any(too_large).as_py():
-        millis = pc.if_else(too_large, pa.scalar(None, millis.type), millis)
-    as_ms = pc.cast(pc.cast(millis, pa.int64()), pa.timestamp("ms", tz="UTC"))
-    return pc.cast(as_ms, pa.timestamp("us", tz="UTC"))
+    """u64 milliseconds -> timestamp[us, UTC] in one multiply; beyond Spark's range -> null."""
+    values = _u64_values(millis)
+    micros = values.astype(np.int64) * np.int64(1000)  # wraps only where too_large masks it
+    too_large = values > _MAX_PUBLISH_TIME_MS
+    if millis.null_count:  # the decoder never gives null publish times; other callers may
+        valid = np.frombuffer(pc.is_valid(millis).buffers()[1], np.uint8)
+        too_large |= ~np.unpackbits(valid, count=len(millis), bitorder="little").view(bool)
+    nulls = int(np.count_nonzero(too_large))
+    validity = pa.py_buffer(np.packbits(~too_large, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(_TIMESTAMP_US, len(millis), [validity, pa.py_buffer(micros)], nulls)
 
 
 def _u64_to_decimal(column: pa.Array) -> pa.Array:
@@ -114,9 +138,8 @@ def _u64_to_decimal(column: pa.Array) -> pa.Array:
     several times faster than Arrow's generic integer-to-decimal cast.
     """
     nulls = column.null_count
-    values = (pc.fill_null(column, 0) if nulls else column).to_numpy()
     words = np.zeros((len(column), 2), dtype=np.uint64)
-    words[:, 0] = values
+    words[:, 0] = _u64_values(column)
     validity = pc.is_valid(column).buffers()[1] if nulls else None
     return pa.Array.from_buffers(_DECIMAL_U64, len(column), [validity, pa.py_buffer(words)], null_count=nulls)
 

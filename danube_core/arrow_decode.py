@@ -24,7 +24,15 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from danube_core import _fastdecode  # type: ignore[attr-defined]  # the compiled extension
+try:
+    from danube_core import _fastdecode  # type: ignore[attr-defined]  # the compiled extension
+except ImportError as exc:  # a source checkout never built, or code shipped without the .so
+    raise ImportError(
+        "danube_core._fastdecode (the compiled frame decoder) is missing from "
+        f"{__file__.rsplit('/', 1)[0]}: install danube-spark with pip (it builds it; a C compiler is "
+        "needed, or install the prebuilt wheel), or run `python setup.py build_ext --inplace` in a "
+        "checkout; on a Spark cluster ship the installed package or wheel to the executors (README)"
+    ) from exc
 from danube_core.errors import CorruptFrameError, PayloadDecodeError
 from danube_core.frames import (
     FRAME_HEADER,

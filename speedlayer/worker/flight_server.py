@@ -4,7 +4,7 @@ One `DoGet` per query (`speedlayer.query.protocol`). The query pins one publishe
 (`ServedDatasets.pin`) and runs on its own DuckDB cursor, on which a TEMP VIEW named after
 the dataset is bound to that epoch's table: the SQL says `FROM orders` and reads exactly one
 complete epoch, whatever the freshness work publishes meanwhile. Only a single SELECT (or
-WITH ... SELECT) statement is run.
+WITH ... SELECT) statement that reads nothing but its dataset is run (`sql_guard`).
 
 Results stream as Arrow record batches. The first batch is computed before the call returns,
 so that errors (bad SQL, a deadline) reach the caller before any data and a gateway can
@@ -34,6 +34,7 @@ from speedlayer.query.protocol import (
 )
 from speedlayer.worker.loader import quote
 from speedlayer.worker.serving import EpochPin, ServedDatasets
+from speedlayer.worker.sql_guard import check_query
 
 logger = logging.getLogger(__name__)
 
@@ -105,19 +106,6 @@ class QueryWatchdog:
             logger.debug("interrupt failed", exc_info=True)
 
 
-def check_select(sql: str, dataset: str) -> None:
-    """One SELECT statement, or InvalidQueryError naming the dataset."""
-    import duckdb
-
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise InvalidQueryError(f"query on dataset {dataset!r}: {exc}") from exc
-    if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
-        kinds = [s.type.name for s in statements]
-        raise InvalidQueryError(f"query on dataset {dataset!r}: expected one SELECT statement, got {kinds}")
-
-
 class WorkerFlightServer(flight.FlightServerBase):
     """Serves `served`'s epochs to callers of tenant `tenant`; `cursor()` opens a DuckDB cursor."""
 
@@ -153,7 +141,7 @@ class WorkerFlightServer(flight.FlightServerBase):
     def execute(self, request: QueryRequest, context: flight.ServerCallContext
                 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Bind, plan and compute the first batch; the rest streams from the returned iterator."""
-        check_select(request.sql, request.dataset)
+        check_query(request.sql, request.dataset)
         limits = self.limits.effective(request)
         pin = self.served.pin(request.dataset, request.epoch or None)
         cursor = self._cursor()

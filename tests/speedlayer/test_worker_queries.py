@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 
 import pyarrow.flight as flight
+import re
+
 import pytest
 
 from speedlayer.errors import (
@@ -81,7 +83,7 @@ def test_a_pinned_epoch_survives_a_swap_and_its_table_is_dropped_when_released(w
 
 
 def test_bad_sql_names_the_dataset_and_only_select_runs(worker):
-    _, _, client, _ = worker
+    loader, _, client, _ = worker
     with pytest.raises(InvalidQueryError, match="dataset 'orders'.*nope"):
         run(client, "SELECT nope FROM orders")
     with pytest.raises(InvalidQueryError, match="dataset 'orders'"):
@@ -89,7 +91,30 @@ def test_bad_sql_names_the_dataset_and_only_select_runs(worker):
     for sql in ("DROP TABLE orders__v1", "SELECT 1; SELECT 2", "COPY orders TO '/tmp/x.csv'"):
         with pytest.raises(InvalidQueryError, match="one SELECT"):
             run(client, sql)
-    assert run(client, "SELECT count(*) AS n FROM orders__v1").num_rows == 1  # the loader's table is untouched
+    assert loader.cursor().execute("SELECT count(*) FROM orders__v1").fetchone() == (1000,)  # untouched
+
+
+@pytest.mark.parametrize("sql, named", [
+    ("SELECT * FROM read_parquet('/etc/passwd')", "read_parquet()"),
+    ("SELECT * FROM '/etc/passwd'", "'/etc/passwd'"),
+    ("SELECT * FROM orders__v2", "'orders__v2'"),
+    ("SELECT * FROM main.orders", "'main.orders'"),
+    ("SELECT * FROM orders WHERE id IN (SELECT id FROM orders__v1)", "'orders__v1'"),
+    ("SELECT * FROM read_text('/etc/hostname')", "read_text()"),
+    ("SELECT * FROM duckdb_settings()", "duckdb_settings()"),
+])
+def test_a_query_reads_nothing_but_its_dataset(worker, sql, named):
+    """Regression: the worker's DuckDB reads any file the worker can, and holds every epoch table."""
+    _, _, client, _ = worker
+    with pytest.raises(InvalidQueryError, match=rf"dataset 'orders'.*{re.escape(named)}"):
+        run(client, sql)
+
+
+def test_ctes_and_subqueries_over_the_dataset_are_allowed(worker):
+    _, _, client, _ = worker
+    sql = ("WITH big AS (SELECT id, g FROM orders WHERE id >= 990) "
+           "SELECT count(*) AS n FROM big JOIN (SELECT g FROM ORDERS GROUP BY g) USING (g)")
+    assert run(client, sql).to_pylist() == [{"n": 10}]
 
 
 def test_result_limits_and_deadline(worker):

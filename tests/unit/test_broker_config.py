@@ -87,3 +87,14 @@ def test_etcd_password_from_the_environment_never_shows_in_the_config():
     with pytest.raises(ConfigError) as info:
         parse_config({"meta_store": {"user": "root", "password": 12345}}, "my.yaml")
     assert "12345" not in str(info.value)
+
+
+def test_uploader_enabled_false_is_ignored_with_a_warning_as_danube_does(caplog):
+    with caplog.at_level("WARNING", logger="broker.config"):
+        config = parse_config({"wal_cloud": {"uploader": {"enabled": False, "interval_seconds": 5}}}, "my.yaml")
+    assert config.uploader.interval_seconds == 5
+    assert "my.yaml: wal_cloud.uploader.enabled=false is ignored" in caplog.text
+    with caplog.at_level("WARNING", logger="broker.config"):
+        caplog.clear()
+        parse_config({"wal_cloud": {"uploader": {"enabled": True}}}, "my.yaml")
+    assert caplog.text == ""
