@@ -9,6 +9,7 @@ import glob
 import os
 from pathlib import Path
 
+import grpc
 import pytest
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
@@ -31,12 +32,23 @@ async def _consume(consumer, expected: int, into: dict, done: asyncio.Event) -> 
         except asyncio.TimeoutError:
             continue
         into[(msg.msg_id.topic_name, msg.msg_id.topic_offset)] = msg
-        task = asyncio.ensure_future(consumer.ack(msg))
+        task = asyncio.ensure_future(_ack(consumer, msg, len(into), expected))
         acks.add(task)
         task.add_done_callback(acks.discard)
         if len(into) >= expected:
             done.set()
     await asyncio.gather(*acks)
+
+
+async def _ack(consumer, msg, received: int, expected: int) -> None:
+    """Ack `msg`; a failed ack says which message, of which subscription, how far it was."""
+    try:
+        await consumer.ack(msg)
+    except grpc.aio.AioRpcError as exc:
+        raise AssertionError(
+            f"ack of {msg.msg_id.topic_name} offset {msg.msg_id.topic_offset} by consumer "
+            f"{getattr(consumer, '_consumer_name', '?')!r} ({received}/{expected} received) failed: {exc.code().name} "
+            f"{exc.details()!r}") from exc
 
 
 async def _scenario(url: str, topic: str, partitions: int) -> dict[str, dict]:
@@ -106,7 +118,10 @@ def test_ten_thousand_messages_reach_exclusive_and_shared_subscriptions(
     base = unique_name("bulk")
     topic = f"/default/{base}"
     try:
-        received = asyncio.run(_scenario(broker.url, topic, partitions))
+        try:
+            received = asyncio.run(_scenario(broker.url, topic, partitions))
+        except (AssertionError, grpc.RpcError, asyncio.TimeoutError) as exc:
+            raise AssertionError(f"{exc!r}\nbroker log ends:\n{broker.log_tail()}") from exc
         _check_received(received, partitions)
         _check_wal_files(broker.wal_dir, "default", base, partitions)
         subscriptions = run_admin(etcd_endpoint, "topics", "subscriptions",

@@ -10,7 +10,7 @@ import pytest
 from connectors.cursor_commit import commit_cursors, end_offsets_of
 from danube_core import keys
 from danube_core.records import load_json, parse_cursor
-from tests.rig import eventually
+from tests.rig import eventually, query_reached
 from tests.spark.test_batch_read import DanubeEnv, danube_env  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.spark
@@ -115,7 +115,7 @@ def test_restart_from_checkpoint_reads_everything_once(spark, danube_env: Danube
 
     query = (stream(spark, danube_env, maxMessagesPerTrigger="100", **options).writeStream.format("delta")
              .option("checkpointLocation", str(chk)).start(str(table)))
-    eventually(lambda: query.lastProgress is not None and query.lastProgress["batchId"] >= 1, 120)
+    eventually(lambda: query_reached(query, 1), 120)
     query.stop()
 
     first.append(200)
@@ -171,7 +171,7 @@ def test_second_live_query_on_a_subscription_is_refused(spark, danube_env: Danub
     first = (stream(spark, danube_env, topic=name, subscription=sub).writeStream.format("noop")
              .option("checkpointLocation", str(tmp_path / "chk1")).trigger(processingTime="1 second").start())
     try:
-        eventually(lambda: first.lastProgress is not None, 120)
+        eventually(lambda: query_reached(first), 120)
         second = (stream(spark, danube_env, topic=name, subscription=sub).writeStream.format("noop")
                   .option("checkpointLocation", str(tmp_path / "chk2")).start())
         with pytest.raises(Exception, match="already consumed by a live query"):

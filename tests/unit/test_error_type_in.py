@@ -48,3 +48,4 @@ def test_subclasses_stay_distinct(text: str, cls: type) -> None:
 ])
 def test_no_danube_error_named(text: str) -> None:
     assert error_type_in(text) is None
+
