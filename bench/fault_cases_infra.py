@@ -25,13 +25,20 @@ def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         producer = rig.produce(sizes.before + sizes.after)
         config = rig.pipeline_file("worker", sizes)
         started = time.monotonic()
-        pipe = Pipeline(config, config.parent / "run.log").start()
-        try:
-            victim = poll(lambda: _python_worker(pipe.process.pid), PIPELINE_TIMEOUT_S, "a Python task worker", 0.02)
-            os.kill(victim, signal.SIGKILL)
-        except BaseException:
-            pipe.kill9()
-            raise
+        for attempt in range(4):  # a run that fails before any task (e.g. at start, under load) is rerun
+            pipe = Pipeline(config, config.parent / f"run-{attempt}.log").start()
+            try:
+                victim = poll(lambda: _python_worker(pipe.process.pid) or pipe.process.poll() is not None,
+                              PIPELINE_TIMEOUT_S, "a Python task worker", 0.02)
+                if victim is not True:
+                    os.kill(victim, signal.SIGKILL)
+                    break
+            except BaseException:
+                pipe.kill9()
+                raise
+            rig.failures.append(f"run {attempt} ended before a task ran: " + _failure_line(pipe))
+        else:
+            raise RuntimeError(f"no run of {config} got to a task: {rig.failures}")
         code = pipe.wait(PIPELINE_TIMEOUT_S)
         log = pipe.log_path.read_text(errors="replace")
         task_failed = "exited unexpectedly" in log or "Lost task" in log
@@ -42,6 +49,12 @@ def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
             assert code == 0, log
         counts = rig.tally(config, producer.sent, producer.acked)
         return row("python worker kill -9 mid-task", producer, counts, time.monotonic() - started, rig.outcome(outcome))
+
+
+def _failure_line(pipe: Pipeline) -> str:
+    log = pipe.log_path.read_text(errors="replace") if pipe.log_path.exists() else ""
+    return next((line.strip()[:200] for line in log.splitlines() if "ERROR pipelines" in line), "exit "
+                f"{pipe.process.returncode}")
 
 
 def _python_worker(root: int) -> int | None:

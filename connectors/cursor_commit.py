@@ -20,8 +20,8 @@ run, so three paths commit it, all through `CursorWriter`:
 A subscription is consumed by at most one live query (`connectors.subscription_lock`): the
 stream holds an etcd lease on `danube_core.keys.subscription_lock_key`, and a commit given the
 batch's `LockToken` (every path above has it) moves the cursor in one transaction that also
-compares the lock, so a query that lost its lock stops with `SubscriptionLockLostError` instead
-of moving the cursor of the query that took the subscription over.
+compares the lock, so a query that lost its lock to another stops with
+`SubscriptionLockLostError` instead of moving the cursor of the query that took it over.
 """
 
 from __future__ import annotations
@@ -59,9 +59,13 @@ class CursorWriter:
                guard: bytes | None = None) -> dict[str, int]:
         """Move each topic's cursor to `end[t] - 1` unless it is already there or beyond.
 
-        With `lock` (the lock that planned the batch), each move is conditioned on that lock
-        still being held (`SubscriptionLockLostError` if not, nothing moved); `guard`, the lock
-        key's value when the caller holds the lock itself, spares reading it. Returns the
+        With `lock` (the lock that planned the batch), each move is conditioned, in the same
+        transaction, on that lock being held by it or by nobody; a lock another query holds
+        raises `SubscriptionLockLostError` and nothing moves. Nobody holds it when the query
+        ended and released it before a listener committed its last batch, or when its lease
+        expired and no other query took over: the cursor then moves, forward only, over what
+        this query's sink wrote, and no live owner's cursor is touched. `guard`: the lock
+        key's value when the caller holds the lock itself (spares reading it). Returns the
         cursors actually written. End offsets are end-exclusive positions.
         """
         if guard is None and lock is not None:
@@ -76,12 +80,11 @@ class CursorWriter:
             logger.info("subscription %s: committed cursors %s", self.subscription, written)
         return written
 
-    def _guard(self, lock: LockToken) -> bytes:
-        """The lock key's value, if it says `lock` still holds the subscription."""
+    def _guard(self, lock: LockToken) -> bytes | None:
+        """The lock key's value if `lock` holds it, None if nobody does; raises if another does."""
         raw = self.metadata.get(lock.key)
-        if not holder_accepts(raw, lock):
+        if raw is not None and not holder_accepts(raw, lock):
             raise lock_lost(self.subscription, lock, raw, "does not move its cursors")
-        assert raw is not None
         return raw
 
     def _advance(self, topic: str, cursor: int, lock: LockToken | None,
@@ -91,13 +94,13 @@ class CursorWriter:
             raw = self.metadata.get(key)
             if raw is not None and parse_cursor(raw, key) >= cursor:
                 return False, guard
-            if lock is None or guard is None:
+            if lock is None:
                 if self.metadata.compare_and_put(key, raw, dump_cursor(cursor)):
                     return True, guard
             elif self.metadata.guarded_put(key, raw, dump_cursor(cursor), guard=(lock.key, guard)) is not None:
                 return True, guard
             else:
-                guard = self._guard(lock)  # the cursor or the lock's value changed: which?
+                guard = self._guard(lock)  # the cursor or the lock changed: which?
         raise MetadataError(f"etcd key {key!r}: cursor kept changing while committing {cursor}")
 
     def register(self, topic: str) -> None:

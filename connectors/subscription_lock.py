@@ -6,7 +6,9 @@ enough: the lease can be lost mid-query (revoked by an operator, or expired whil
 was stalled or cut off from etcd), and another query may take the subscription over. A cursor
 commit made after that would move the new owner's cursor. So every cursor commit that knows
 which lock planned its batch is one etcd transaction comparing the lock key too
-(`MetadataStore.guarded_put`): the cursor moves only while that lock is still held.
+(`MetadataStore.guarded_put`): the cursor moves only while that lock is held by the query
+or by nobody (a query that ended released it before its last batch's progress was handled),
+never while another query holds it.
 
 Which lock planned a batch travels with the batch's end offset (`LockToken`, the `lock` field
 of `SourceOffset`), so each committing path (the stream, the progress listener, a

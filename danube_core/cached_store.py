@@ -110,7 +110,7 @@ class CachedMetadataStore(MetadataStore):
             self.sync_reads()  # `expected` came from a stale read: the caller's retry reads anew
         return revision
 
-    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes],
+    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes | None],
                     lease: Lease | None = None) -> int | None:
         revision = self.store.guarded_put(key, expected, value, guard=guard, lease=lease)
         if revision is not None:

@@ -245,10 +245,11 @@ class MetadataStore(ABC):
     def compare_and_put_revision(self, key: str, expected: bytes | None, value: bytes) -> int | None:
         """`compare_and_put` returning the revision written, None if the comparison failed."""
 
-    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes],
+    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes | None],
                     lease: "Lease | None" = None) -> int | None:
         """`compare_and_put_revision` that also requires the key `guard[0]` to hold `guard[1]`
-        (one etcd transaction comparing both keys), writing `value` with `lease` if given.
+        (None: to be absent), in one etcd transaction comparing both keys, writing `value` with
+        `lease` if given.
 
         A write that must only happen while some other key says the writer may make it: a
         subscription cursor moved only while its query holds the subscription lock. None if

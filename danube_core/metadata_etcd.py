@@ -538,7 +538,7 @@ class EtcdMetadataStore(MetadataStore):
 
         return self._call("compare_and_put", _key(key), txn, failover=False)
 
-    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes],
+    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes | None],
                     lease: Lease | None = None) -> int | None:
         check_value(key, value)
         guard_key, guard_value = guard
@@ -547,8 +547,8 @@ class EtcdMetadataStore(MetadataStore):
             ops = client.transactions
             condition = ops.create(key) == 0 if expected is None else ops.value(key) == expected
             put = ops.put(key, value, lease=_lease_id(lease))
-            swapped, responses = client.transaction(
-                compare=[condition, ops.value(guard_key) == guard_value], success=[put], failure=[])
+            held = ops.create(guard_key) == 0 if guard_value is None else ops.value(guard_key) == guard_value
+            swapped, responses = client.transaction(compare=[condition, held], success=[put], failure=[])
             return responses[0].response_put.header.revision if swapped else None
 
         return self._call("guarded_put", _key(key), txn, failover=False)

@@ -182,7 +182,7 @@ class MemoryMetadataStore(MetadataStore):
             self._set(key, value, None, revision)
             return revision
 
-    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes],
+    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes | None],
                     lease: Lease | None = None) -> int | None:
         with self._cond:
             self._live()

@@ -131,6 +131,10 @@ class MetadataStoreContract:
         assert store.get(guard) is None
         assert store.guarded_put(key, b"1", b"2", guard=(guard, b"mine+")) is None
         assert store.get(key) == b"1"
+        assert store.guarded_put(key, b"1", b"2", guard=(guard, None)) is not None  # None: absent
+        store.put(guard, b"theirs")
+        assert store.guarded_put(key, b"2", b"3", guard=(guard, None)) is None
+        assert store.get(key) == b"2"
 
     def test_writes_return_their_revision_and_range_at_reads_at_one(self, store: MetadataStore, prefix: str):
         first = store.put(prefix + "a", b"1")

@@ -38,15 +38,26 @@ def test_a_commit_under_the_held_lock_moves_the_cursor(metadata) -> None:
     lock.release()
 
 
-def test_a_commit_after_the_lease_was_lost_moves_nothing_and_names_the_subscription(metadata) -> None:
+def test_a_commit_after_the_lease_was_lost_to_another_query_moves_nothing_and_names_it(metadata) -> None:
     lock = take(metadata)
     writer = CursorWriter(metadata, SUB)
     writer.commit({TOPIC: 10}, lock.token)
     revoke(lock)
+    other = take(metadata)
     with pytest.raises(SubscriptionLockLostError, match=r"subscription 'orders-sub': lost the subscription lock.*"
-                       r"held by nobody.*Another query may consume the subscription now"):
+                       rf"held by .*{other.token.lease}.*Another query may consume the subscription now"):
         writer.commit({TOPIC: 20}, lock.token)
     assert metadata.get(CURSOR) == b"9"
+    other.release()
+
+
+def test_a_lock_nobody_holds_lets_the_last_batch_commit(metadata) -> None:
+    """The query ended and released its lock before the progress listener committed its last
+    batch (Spark posts progress asynchronously): the cursor still moves over what it wrote."""
+    lock = take(metadata)
+    writer = CursorWriter(metadata, SUB)
+    lock.release()
+    assert writer.commit({TOPIC: 12}, lock.token) == {TOPIC: 11}
 
 
 def test_another_querys_cursor_is_never_overwritten(metadata) -> None:
@@ -64,15 +75,17 @@ def test_another_querys_cursor_is_never_overwritten(metadata) -> None:
 
 
 def test_a_lock_change_between_reading_the_cursor_and_writing_it_is_caught(metadata) -> None:
-    """The guard read passes, then the lease is lost before the transaction: the transaction's
-    own comparison of the lock key refuses the write."""
+    """The guard read passes, then another query takes the lock before the transaction: the
+    transaction's own comparison of the lock key refuses the write."""
     lock = take(metadata)
     writer = CursorWriter(metadata, SUB)
     guard = writer._guard(lock.token)
     revoke(lock)
+    other = take(metadata)
     with pytest.raises(SubscriptionLockLostError):
         writer._advance(TOPIC, 30, lock.token, guard)
     assert metadata.get(CURSOR) is None
+    other.release()
 
 
 def test_a_restarted_query_adopts_its_earlier_runs_lock_for_replayed_batches(metadata) -> None:
@@ -130,6 +143,8 @@ def test_the_holder_commits_with_the_value_it_wrote_and_still_finds_a_lost_lease
     assert writer.commit({TOPIC: 4}, lock.token, guard=guard) == {TOPIC: 3}
     assert lock.value_if_holding(LockToken(lock.key, "ffff")) is None
     revoke(lock)
+    other = take(metadata)
     with pytest.raises(SubscriptionLockLostError):
         writer.commit({TOPIC: 8}, lock.token, guard=guard)
     assert metadata.get(CURSOR) == b"3"
+    other.release()
