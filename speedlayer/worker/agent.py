@@ -15,7 +15,7 @@ import queue
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -24,7 +24,9 @@ from speedlayer.api.v1 import control_plane_service_pb2_grpc as cp_grpc
 from speedlayer.client import CHANNEL_OPTIONS
 from speedlayer.observability.metrics import EPOCHS_HELD, LOAD_SECONDS, LOADED_ROWS
 from speedlayer.transport.leader_gate import leader_hint
-from speedlayer.worker.loader import EpochLoader
+from speedlayer.worker.epochs import HeldTables
+from speedlayer.worker.loader import EpochLoader, LoadResult, quote
+from speedlayer.worker.served import ServedEpochs
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class HeldEpoch:
     status: int = Status.IN_PROGRESS
     rows: int = 0
     bytes: int = 0
+    version: int = -1
+    seq: int = 0  # arrival order: breaks version ties (two epochs of one version, other partitions)
 
 
 class WorkerAgent:
@@ -63,6 +67,9 @@ class WorkerAgent:
         self.loader = EpochLoader(memory_limit_bytes=config.memory_bytes, threads=config.threads,
                                   storage_options=config.storage_options)
         self.held: dict[tuple[str, str], HeldEpoch] = {}
+        self.tables = HeldTables(self.loader.cursor)
+        self.served = ServedEpochs()
+        self._seq = 0
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader")
         self._stop = threading.Event()
@@ -167,7 +174,9 @@ class WorkerAgent:
                 if held.status == Status.COMPLETED:
                     self._report(held)
                 return
-            self.held[key] = HeldEpoch(event.dataset_id, event.epoch_id, event.load_plan.destination_table_name)
+            self._seq += 1
+            self.held[key] = HeldEpoch(event.dataset_id, event.epoch_id, event.load_plan.destination_table_name,
+                                       version=event.load_plan.version, seq=self._seq)
         self._executor.submit(self._load, event)
 
     def _load(self, event: cp.DataAssignmentEvent) -> None:
@@ -175,10 +184,13 @@ class WorkerAgent:
         extra = {**self._extra, "epoch_id": event.epoch_id, "dataset_id": event.dataset_id}
         self._send(data_pull_status_update=Status(dataset_id=event.dataset_id, epoch_id=event.epoch_id,
                                                   status=Status.IN_PROGRESS))
+        base_parts = self._base_parts(event)
         try:
-            result = self.loader.load(event.load_plan)
+            result = self._load_tables(event, base_parts)
         except Exception as exc:  # any failure is reported to the master with its reason
             logger.error("loading %s/%s failed: %s", *key, exc, extra=extra)
+            if base_parts is not None:
+                self.tables.release_parts(base_parts)
             with self._lock:
                 self.held.pop(key, None)
             self._send(data_pull_status_update=Status(dataset_id=event.dataset_id, epoch_id=event.epoch_id,
@@ -188,16 +200,61 @@ class WorkerAgent:
         LOADED_ROWS.labels(dataset=event.dataset_id, epoch=event.epoch_id).set(result.rows)
         with self._lock:
             held = self.held.get(key)
-            if held is None:  # unassigned while loading
-                self.loader.drop(event.load_plan.destination_table_name)
-                return
-            held.status, held.rows, held.bytes = Status.COMPLETED, result.rows, result.bytes
+            if held is not None:
+                held.status, held.rows, held.bytes = Status.COMPLETED, result.rows, result.bytes
             EPOCHS_HELD.set(sum(h.status == Status.COMPLETED for h in self.held.values()))
-        logger.info("epoch %s/%s READY: %d rows, %d bytes in %.2fs", *key, result.rows, result.bytes,
-                    result.seconds, extra=extra)
+        if held is None:  # unassigned while loading
+            self.tables.drop(key)
+            return
+        self._swap_served(event.dataset_id)
+        logger.info("epoch %s/%s READY%s: %d rows, %d bytes in %.2fs", *key,
+                    f" (+{len(event.load_plan.source.delta.added_files)} files on {event.load_plan.base_epoch_id})"
+                    if base_parts is not None else "", result.rows, result.bytes, result.seconds, extra=extra)
         self._send(data_pull_status_update=Status(
             dataset_id=event.dataset_id, epoch_id=event.epoch_id, status=Status.COMPLETED, rows=result.rows,
             bytes=result.bytes, seconds=result.seconds, memory_bytes=result.memory_bytes))
+
+    def _base_parts(self, event: cp.DataAssignmentEvent) -> tuple[str, ...] | None:
+        """The pinned tables of the plan's base epoch if this worker holds it READY (then only
+        the added files are loaded), else None (the full file list is loaded)."""
+        base = event.load_plan.base_epoch_id
+        if not base or event.load_plan.source.WhichOneof("source_type") != "delta":
+            return None
+        with self._lock:
+            held = self.held.get((event.dataset_id, base))
+            if held is None or held.status != Status.COMPLETED:
+                return None
+            return self.tables.acquire_base((event.dataset_id, base))
+
+    def _load_tables(self, event: cp.DataAssignmentEvent, base_parts: tuple[str, ...] | None) -> LoadResult:
+        """Load the epoch's tables; its relation exists only once they are all complete."""
+        plan, key = event.load_plan, (event.dataset_id, event.epoch_id)
+        if base_parts is None:
+            result = self.loader.load(plan)
+            self.tables.add_full(key, plan.destination_table_name)
+            return result
+        part = plan.destination_table_name + "__added"
+        result = self.loader.load(plan, files=list(plan.source.delta.added_files), table_name=part)
+        tables = self.tables.add_increment(key, plan.destination_table_name, base_parts, part)
+        rows = self.loader.cursor().execute(f"SELECT count(*) FROM {quote(tables.relation)}").fetchone()[0]
+        return replace(result, rows=rows)
+
+    def _swap_served(self, dataset: str) -> None:
+        """THE swap: point `dataset`'s queries at the newest epoch held whole (by source version,
+        then arrival), or stop serving it when none is left. The single place where the epoch
+        queries see changes on this worker."""
+        with self._lock:
+            complete = [h for h in self.held.values() if h.dataset == dataset and h.status == Status.COMPLETED]
+            newest = max(complete, key=lambda h: (h.version, h.seq), default=None)
+            current = self.served.get(dataset)
+            tables = self.tables.get((dataset, newest.epoch)) if newest is not None else None
+            if newest is not None and tables is not None:
+                if current is None or current.epoch != newest.epoch:
+                    self.served.publish(dataset, newest.epoch, tables.relation, newest.version)
+                    logger.info("dataset %s now serves epoch %s (version %d)", dataset, newest.epoch,
+                                newest.version, extra=self._extra)
+            elif current is not None:
+                self.served.retire(dataset, current.epoch)
 
     def _report(self, held: HeldEpoch) -> None:
         self._send(data_pull_status_update=Status(dataset_id=held.dataset, epoch_id=held.epoch,
@@ -208,7 +265,8 @@ class WorkerAgent:
             held = self.held.pop((event.dataset_id, event.epoch_id), None)
             empty = not self.held
         if held is not None and held.status == Status.COMPLETED:
-            self.loader.drop(held.table)
+            self._swap_served(event.dataset_id)  # off this epoch first, if it was the one served
+            self.tables.drop((event.dataset_id, event.epoch_id))
         logger.info("epoch %s/%s dropped (%s)", event.dataset_id, event.epoch_id, event.reason, extra=self._extra)
         if self.draining and empty:
             logger.info("drained: exiting", extra=self._extra)
