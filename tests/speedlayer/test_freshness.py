@@ -35,12 +35,14 @@ def records(cluster, dataset: str = "orders") -> list[AssignmentRecord]:
     return sorted((AssignmentRecord.from_json(v, k) for k, v in found), key=lambda r: r.order)
 
 
-def served_rows(agent, dataset: str = "orders") -> tuple[str, int, int] | None:
-    """(epoch, source version, rows) of what the worker's queries of `dataset` see now."""
+def served_rows(agent, dataset: str = "orders", key: str = "id") -> tuple[str, int, int] | None:
+    """(epoch, source version, rows) of what the worker's queries of `dataset` see now; every
+    row must be there once (`key` is unique)."""
     served = agent.served.get(dataset)
     if served is None:
         return None
-    count = agent.loader.cursor().execute(f"SELECT count(*), count(DISTINCT id) FROM {quote(served.relation)}").fetchone()
+    count = agent.loader.cursor().execute(
+        f"SELECT count(*), count(DISTINCT {quote(key)}) FROM {quote(served.relation)}").fetchone()
     assert count[0] == count[1], f"epoch {served.epoch} shows {count[0]} rows, {count[1]} distinct"
     return served.epoch, served.version, count[0]
 
