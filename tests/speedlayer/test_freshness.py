@@ -174,3 +174,16 @@ def test_superseded_epochs_are_evicted_by_lru_and_ttl(followed):
     assert served_rows(agent) == (newest.epoch, 3, 500)
     audit = (cluster.root / "speedlayer-audit-m1.jsonl").read_text().replace(" ", "")
     assert '"reason":"lru"' in audit and '"reason":"ttl"' in audit
+
+
+def test_a_version_with_deletion_vectors_is_refused_and_the_served_epoch_stays(followed):
+    from deltalake import DeltaTable, TableFeatures
+
+    cluster, agent, path = followed
+    served = served_rows(agent)
+    DeltaTable(path).alter.add_feature(TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
+    announce(cluster, path, 1)
+    audit = cluster.root / "speedlayer-audit-m1.jsonl"
+    eventually(lambda: "refresh.refused" in audit.read_text(), deadline_s=30)
+    assert "deletionVectors" in audit.read_text()
+    assert [r.version for r in records(cluster)] == [0] and served_rows(agent) == served
