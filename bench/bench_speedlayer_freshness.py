@@ -172,14 +172,19 @@ def main() -> int:
 
 
 def _epoch_kinds(run: Run) -> dict[str, int]:
-    from speedlayer.records import AssignmentRecord
+    """Epochs planned during the run by kind, and evictions, from the master's audit trail."""
+    from speedlayer.observability.audit import read_audit_log
 
-    found = run.cluster.metadata.get_prefix(run.cluster.keys.dataset_assignments_prefix("bench", "orders"))
-    kinds: dict[str, int] = {}
-    for key, raw in found:
-        record = AssignmentRecord.from_json(raw, key)
-        kinds[f"{record.kind} {record.status}"] = kinds.get(f"{record.kind} {record.status}", 0) + 1
-    return kinds
+    counts: dict[str, int] = {}
+    for event in read_audit_log(str(run.cluster.root / "speedlayer-audit-m1.jsonl")):
+        if event.get("kind") == "admission.PENDING":
+            name = f"{event.get('detail', {}).get('kind', 'full')} planned"
+        elif event.get("kind") == "epoch.EVICTED":
+            name = f"evicted ({event.get('detail', {}).get('reason')})"
+        else:
+            continue
+        counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 if __name__ == "__main__":
