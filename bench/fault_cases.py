@@ -237,33 +237,60 @@ def same_subscription_twice(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
 
 def lock_lease_lost(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
     """The subscription lock's lease revoked under a running processingTime query: the query
-    must stop with an error naming the lock; a restart lands everything once.
+    must stop with an error naming the lock; a restart lands everything once, and SIGTERM of
+    the restarted pipeline releases the lock at once (not when its lease expires).
     recovery_s: restart -> every acknowledged message in Delta."""
+    from connectors.subscription_lock import LOCK_TTL_S
     from danube_core.keys import subscription_lock_key
+    from danube_core.metadata_etcd import EtcdMetadataStore
 
     with Rig(workdir, etcd, "lease-lost", sizes) as rig:
         producer = rig.produce(sizes.before)
         config = streaming(rig.pipeline_file("lease", sizes))
-        subscription = edit_config(config)["source"]["subscription"]
+        lock_key = subscription_lock_key("/danube-data", edit_config(config)["source"]["subscription"])
         pipe = Pipeline(config, config.parent / "first.log").start()
         try:
             poll(lambda: rig.tally(config, producer.sent, producer.acked)["rows"] > 0, 300, "first rows in Delta")
-            _revoke_lease_of(etcd.endpoint, subscription_lock_key("/danube-data", subscription))
+            _revoke_lease_of(etcd.endpoint, lock_key)
             code = pipe.process.wait(120)
         finally:
             pipe.kill9()
         log = pipe.log_path.read_text(errors="replace")
         if code != 1 or "lost the subscription lock" not in log:
             raise RuntimeError(f"lost lock lease not reported (exit {code}): {pipe.log_tail(40)}")
+        producer = rig.produce_more(producer, sizes.after)  # the restart has work of its own
         restart = Pipeline(config, config.parent / "second.log").start()
         restarted = time.monotonic()
+        store = EtcdMetadataStore(etcd.endpoint)
         try:
-            poll(lambda: rig.tally(config, producer.sent, producer.acked)["lost"] == 0, 300, "everything in Delta")
+            poll(lambda: rig.tally(config, producer.sent, producer.acked)["lost"] == 0, PIPELINE_TIMEOUT_S,
+                 "everything in Delta", 0.5)
             seconds = time.monotonic() - restarted
+            release_s = _sigterm_release_s(restart, store, lock_key)
         finally:
             restart.kill9()
+            store.close()
         counts = rig.tally(config, producer.sent, producer.acked)
-        return row("lock lease lost mid-query", producer, counts, seconds, "query stopped: lost the subscription lock")
+        result = row("lock lease lost mid-query", producer, counts, seconds,
+                     f"query stopped: lost the subscription lock; the restart, SIGTERMed, released it in "
+                     f"{release_s:.1f}s (lease TTL {LOCK_TTL_S}s)")
+        return {**result, "lock_release_s": round(release_s, 2)}
+
+
+def _sigterm_release_s(pipe: Pipeline, store: Any, lock_key: str) -> float:
+    """SIGTERM a running pipeline; seconds until its subscription lock key is gone."""
+    import signal
+
+    poll(lambda: store.get(lock_key) is not None, PIPELINE_TIMEOUT_S, f"lock {lock_key} held")
+    sent = time.monotonic()
+    assert pipe.process is not None
+    pipe.process.send_signal(signal.SIGTERM)
+    poll(lambda: store.get(lock_key) is None, 60, f"lock {lock_key} released after SIGTERM", interval_s=0.02)
+    released = time.monotonic() - sent
+    code = pipe.process.wait(120)
+    if code != 0:
+        raise RuntimeError(f"pipeline exited {code} after SIGTERM: {pipe.log_tail(30)}")
+    return released
 
 
 def _revoke_lease_of(endpoint: str, key: str) -> None:

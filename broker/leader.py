@@ -1,9 +1,10 @@
 """Leader election and the leader's work: placing topics and failing over dead brokers (§5.5, §6).
 
-Election: `/cluster/leader` = this broker's id (a JSON number) under a lease (TTL
-`leader_ttl_seconds`, Danube: 14 s) refreshed every half TTL, created only if absent. Every
-broker checks the key every `leader_check_interval_seconds` and also watches it, so when a
-leader dies another broker takes over as soon as the lease expires.
+Election (`danube_core.election`, shared with the speed layer's masters): `/cluster/leader` =
+this broker's id (a JSON number) under a lease (TTL `leader_ttl_seconds`, Danube: 14 s)
+refreshed every half TTL, created only if absent. Every broker checks the key every
+`leader_check_interval_seconds` and also watches it, so when a leader dies another broker
+takes over as soon as the lease expires.
 
 While leading, `TopicAssigner` watches `/cluster/unassigned/` and `/cluster/register/`:
 * a marker is assigned to the active registered broker with the fewest assignments (round-
@@ -26,8 +27,9 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
+from danube_core.election import LeaseElection
 from danube_core.errors import DanubeError
 from danube_core.keys import (
     BROKERS_PREFIX,
@@ -44,7 +46,7 @@ from danube_core.keys import (
     topic_from_unassigned_key,
     unassigned_key,
 )
-from danube_core.metadata import KeepAlive, Lease, MetadataStore, WatchEvent, WatchHandle
+from danube_core.metadata import MetadataStore, WatchEvent, WatchHandle
 from danube_core.records import (
     NON_RELIABLE,
     NULL_JSON,
@@ -56,7 +58,6 @@ from danube_core.records import (
     dump_u64,
     load_json,
     parse_delivery,
-    parse_u64,
 )
 from danube_core.topics import TopicName
 
@@ -101,94 +102,23 @@ def record_failover(
     return metadata.put_if_absent(storage_keys.state_key(topic), record.to_json())
 
 
-class LeaderElection:
-    """Campaigns for `/cluster/leader`; calls `on_elected` / `on_deposed` on transitions."""
+def broker_election(
+    metadata: MetadataStore,
+    broker_id: int,
+    ttl_s: int,
+    check_interval_s: float,
+    on_elected: Callable[[], None],
+    on_deposed: Callable[[], None],
+) -> LeaseElection:
+    """The broker's campaign for `/cluster/leader`, in the real Danube v0.7.3 broker's terms.
 
-    def __init__(
-        self,
-        metadata: MetadataStore,
-        broker_id: int,
-        ttl_s: int,
-        check_interval_s: float,
-        on_elected: Callable[[], None],
-        on_deposed: Callable[[], None],
-    ) -> None:
-        self._metadata = metadata
-        self._broker_id = broker_id
-        self._ttl_s = ttl_s
-        self._check_interval_s = check_interval_s
-        self._on_elected, self._on_deposed = on_elected, on_deposed
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._lease: Lease | None = None
-        self._keep_alive: KeepAlive | None = None
-        self._leading = False
-        self._watch: WatchHandle | None = None
-        self._thread = threading.Thread(target=self._run, name=f"leader-election-{broker_id}", daemon=True)
-
-    @property
-    def is_leader(self) -> bool:
-        return self._leading
-
-    def start(self) -> None:
-        self._watch = self._metadata.watch_prefix(LEADER_KEY, lambda event: self._wake.set())
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop campaigning; a leader gives the key up at once so another broker takes over."""
-        self._stop.set()
-        self._wake.set()
-        if self._watch is not None:
-            self._watch.cancel()
-        self._thread.join(timeout=10.0)
-        if self._leading:
-            self._step_down("shutting down")
-        if self._lease is not None:
-            try:
-                self._lease.revoke()
-            except DanubeError as exc:
-                logger.warning("revoking the leader lease failed: %s", exc)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._check()
-            except DanubeError as exc:
-                logger.warning("leader check of broker %d failed: %s", self._broker_id, exc)
-            self._wake.wait(self._check_interval_s)
-            self._wake.clear()
-
-    def _check(self) -> None:
-        raw = self._metadata.get(LEADER_KEY)
-        if raw is None:
-            self._campaign()
-            return
-        leader = parse_u64(raw, LEADER_KEY)
-        if leader != self._broker_id and self._leading:
-            self._step_down(f"broker {leader} holds {LEADER_KEY}")
-
-    def _campaign(self) -> None:
-        lease = self._metadata.grant_lease(self._ttl_s)
-        if not self._metadata.put_if_absent(LEADER_KEY, dump_u64(self._broker_id), lease=lease):
-            lease.revoke()
-            return
-        if self._keep_alive is not None:
-            self._keep_alive.stop()
-        self._lease = lease
-        self._keep_alive = lease.keep_alive(self._ttl_s / 2.0, on_lost=lambda exc: self._lost(exc))
-        self._leading = True
-        logger.info("broker %d is the cluster leader", self._broker_id)
-        self._on_elected()
-
-    def _lost(self, error: DanubeError) -> None:
-        self._step_down(f"leader lease lost: {error}")
-        self._wake.set()
-
-    def _step_down(self, why: str) -> None:
-        if self._leading:
-            self._leading = False
-            logger.warning("broker %d is no longer the leader (%s)", self._broker_id, why)
-            self._on_deposed()
+    The value is the broker id as a JSON number (`dump_u64`) and the lease is kept alive every
+    half TTL, as Danube does, so our brokers and real ones elect one leader among themselves.
+    """
+    return LeaseElection(
+        metadata, LEADER_KEY, dump_u64(broker_id), ttl_s=ttl_s, check_interval_s=check_interval_s,
+        keep_alive_interval_s=ttl_s / 2.0, label=f"broker {broker_id}",
+        on_elected=on_elected, on_deposed=on_deposed)
 
 
 class TopicAssigner:

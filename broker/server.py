@@ -22,28 +22,39 @@ from urllib.parse import urlsplit
 
 import grpc
 
-from danube_core.cached_store import CachedMetadataStore
-from danube_core.errors import ConfigError
-from danube_core.keys import CLUSTER_PREFIX, NAMESPACES_PREFIX, TOPICS_PREFIX, topic_root_key
-from danube_core.local_cache import LocalCache
-from danube_core.metadata import EtcdMetadataStore, Lease, MetadataStore
-from danube_core.records import BrokerRegistration, dump_u64
-from danube_core.topics import TopicName
-
 from broker.cluster import ClusterMembership
 from broker.config import BrokerConfig
 from broker.embedded_etcd import EmbeddedEtcd
 from broker.grpc_services import add_services
-from broker.identity import BrokerIdentity, DataDirLock, read_identity, resume_identity, write_identity
-from broker.leader import LeaderElection, TopicAssigner
-from broker.schema_service import add_schema_registry
+from broker.identity import (
+    BrokerIdentity,
+    DataDirLock,
+    read_identity,
+    resume_identity,
+    write_identity,
+)
+from broker.leader import TopicAssigner, broker_election
 from broker.namespaces import Namespaces
+from broker.schema_service import add_schema_registry
 from broker.service import BrokerService
 from broker.storage_engine import StorageEngine, StorageSettings
 from broker.topic import random_id
 from broker.topics_registry import TopicRegistry
 from broker.wal import WalConfig
 from broker.wal_http import WalHttpServer, parse_listen
+from danube_core.cached_store import CachedMetadataStore
+from danube_core.election import LeaseElection
+from danube_core.errors import ConfigError
+from danube_core.keys import (
+    CLUSTER_PREFIX,
+    NAMESPACES_PREFIX,
+    TOPICS_PREFIX,
+    topic_root_key,
+)
+from danube_core.local_cache import LocalCache
+from danube_core.metadata import EtcdMetadataStore, Lease, MetadataStore
+from danube_core.records import BrokerRegistration, dump_u64
+from danube_core.topics import TopicName
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +141,7 @@ class BrokerServer:
         self._grpc: grpc.aio.Server | None = None
         self._engine: StorageEngine | None = None
         self._membership: ClusterMembership | None = None
-        self._election: LeaderElection | None = None
+        self._election: LeaseElection | None = None
         self._assigner: TopicAssigner | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -191,9 +202,9 @@ class BrokerServer:
         self._membership.join(self.service)
         self._assigner = TopicAssigner(self.lookups, self._engine.keys)
         coordination = cfg.coordination
-        self._election = LeaderElection(self.metadata, self.broker_id, coordination.leader_ttl_seconds,
-                                        coordination.leader_check_interval_seconds,
-                                        on_elected=self._assigner.start, on_deposed=self._assigner.stop)
+        self._election = broker_election(self.metadata, self.broker_id, coordination.leader_ttl_seconds,
+                                         coordination.leader_check_interval_seconds,
+                                         on_elected=self._assigner.start, on_deposed=self._assigner.stop)
         self._election.start()
 
     def _resume_identity(self) -> None:

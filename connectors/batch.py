@@ -42,9 +42,12 @@ READ_COLUMNS = (
 class DanubePartition(InputPartition):
     """One Spark partition: read tasks packed up to maxPartitionBytes (picklable, plain data)."""
 
-    def __init__(self, index: int, tasks: Sequence[ReadTask]) -> None:
+    def __init__(self, index: int, tasks: Sequence[ReadTask], loss_record: str | None = None,
+                 loss_storage_options: dict | None = None) -> None:
         super().__init__(index)
         self.tasks = tuple(tasks)
+        self.loss_record = loss_record  # where offsets skipped here are recorded (connectors.loss_records)
+        self.loss_storage_options = loss_storage_options or {}
 
     def __repr__(self) -> str:
         ranges = ", ".join(f"{t.topic} [{t.start_offset}, {t.end_offset}) from {t.source}" for t in self.tasks[:3])
@@ -145,11 +148,18 @@ def read_partition(partition: InputPartition, include_source: bool) -> Iterator[
     from connectors.schema import to_spark_batch
     from connectors.task_reader import read_task
 
+    lost: list = []
+    on_loss = lost.append if partition.loss_record is not None else None
     for task in partition.tasks:
         source = task.source if include_source else None
-        for raw in read_task(task, READ_COLUMNS):
+        for raw in read_task(task, READ_COLUMNS, on_loss=on_loss):
             if raw.num_rows:
                 yield to_spark_batch(raw, task.topic, source)
+    if lost:
+        from connectors.loss_records import write_record
+
+        assert partition.loss_record is not None
+        write_record(partition.loss_record, partition.loss_storage_options, lost)
 
 
 class DanubeBatchReader(DataSourceReader):

@@ -13,34 +13,33 @@ run, so three paths commit it, all through `CursorWriter`:
   its own commit (the pipelines do); `end_offsets_of(batch_df)` gives the positions;
 * the stream reader's own `commit(end)`, one batch late, as a fallback.
 
-A subscription is consumed by at most one live query: the stream holds an etcd lease on
-`danube_core.keys.subscription_lock_key`; a second query is refused with a `MetadataError` saying so.
+A subscription is consumed by at most one live query (`connectors.subscription_lock`): the
+stream holds an etcd lease on `danube_core.keys.subscription_lock_key`, and a commit given the
+batch's `LockToken` (every path above has it) moves the cursor in one transaction that also
+compares the lock, so a query that lost its lock stops with `SubscriptionLockLostError` instead
+of moving the cursor of the query that took the subscription over.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from typing import Any, Mapping
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from danube_core.errors import DanubeError, MetadataError
-from danube_core.keys import cursor_key, subscription_key, subscription_lock_key
-from danube_core.metadata import Lease, MetadataStore
+from danube_core.errors import DanubeError, MetadataError, SubscriptionLockLostError
+from danube_core.keys import cursor_key, subscription_key
+from danube_core.metadata import MetadataStore
 from danube_core.records import SubscriptionRecord, dump_cursor, dump_json, load_json, parse_cursor
 from connectors.offsets import SourceOffset, cursor_values
 from connectors.options import DanubeOptions, parse_etcd, parse_options
+from connectors.subscription_lock import LockToken, holder_accepts, lock_lost
 
 logger = logging.getLogger(__name__)
 
 CONSUMER_NAME = "danube-spark"
 EXCLUSIVE = 0  # SubscriptionRecord.subscription_type: one live query per subscription
-LOCK_TTL_S = 10
-LOCK_GRACE_S = 2
-_LOCK_POLL_S = 0.25
 _CAS_ATTEMPTS = 5
 
 
@@ -52,28 +51,49 @@ class CursorWriter:
         self.subscription = subscription
         self._registered: set[str] = set()
 
-    def commit(self, end: Mapping[str, int]) -> dict[str, int]:
+    def commit(self, end: Mapping[str, int], lock: LockToken | None = None,
+               guard: bytes | None = None) -> dict[str, int]:
         """Move each topic's cursor to `end[t] - 1` unless it is already there or beyond.
 
-        Returns the cursors actually written. End offsets are end-exclusive positions.
+        With `lock` (the lock that planned the batch), each move is conditioned on that lock
+        still being held (`SubscriptionLockLostError` if not, nothing moved); `guard`, the lock
+        key's value when the caller holds the lock itself, spares reading it. Returns the
+        cursors actually written. End offsets are end-exclusive positions.
         """
+        if guard is None and lock is not None:
+            guard = self._guard(lock)
         written: dict[str, int] = {}
         for topic, cursor in sorted(cursor_values(end).items()):
             self.register(topic)
-            if self._advance(topic, cursor):
+            moved, guard = self._advance(topic, cursor, lock, guard)
+            if moved:
                 written[topic] = cursor
         if written:
             logger.info("subscription %s: committed cursors %s", self.subscription, written)
         return written
 
-    def _advance(self, topic: str, cursor: int) -> bool:
+    def _guard(self, lock: LockToken) -> bytes:
+        """The lock key's value, if it says `lock` still holds the subscription."""
+        raw = self.metadata.get(lock.key)
+        if not holder_accepts(raw, lock):
+            raise lock_lost(self.subscription, lock, raw, "does not move its cursors")
+        assert raw is not None
+        return raw
+
+    def _advance(self, topic: str, cursor: int, lock: LockToken | None,
+                 guard: bytes | None) -> tuple[bool, bytes | None]:
         key = cursor_key(topic, self.subscription)
         for _ in range(_CAS_ATTEMPTS):
             raw = self.metadata.get(key)
             if raw is not None and parse_cursor(raw, key) >= cursor:
-                return False
-            if self.metadata.compare_and_put(key, raw, dump_cursor(cursor)):
-                return True
+                return False, guard
+            if lock is None or guard is None:
+                if self.metadata.compare_and_put(key, raw, dump_cursor(cursor)):
+                    return True, guard
+            elif self.metadata.guarded_put(key, raw, dump_cursor(cursor), guard=(lock.key, guard)) is not None:
+                return True, guard
+            else:
+                guard = self._guard(lock)  # the cursor or the lock's value changed: which?
         raise MetadataError(f"etcd key {key!r}: cursor kept changing while committing {cursor}")
 
     def register(self, topic: str) -> None:
@@ -103,76 +123,32 @@ class CursorWriter:
         self.metadata.compare_and_put(key, raw, dump_json(value))
 
 
-class SubscriptionLock:
-    """The etcd lease that makes a query the only live consumer of its subscription."""
-
-    def __init__(self, metadata: MetadataStore, root_prefix: str, subscription: str) -> None:
-        self.key = subscription_lock_key(root_prefix, subscription)
-        self.lost: DanubeError | None = None
-        holder = dump_json({"host": socket.gethostname(), "pid": os.getpid(), "since": int(time.time())})
-        # A query restarted right after a stop may find its predecessor's lock: Spark stops the
-        # old source process asynchronously, and a killed one leaves its lease to expire. So the
-        # lock is awaited for one lease TTL before a second live query is refused.
-        deadline = time.monotonic() + LOCK_TTL_S + LOCK_GRACE_S
-        while (lease := self._try_take(metadata, holder)) is None:
-            if time.monotonic() >= deadline:
-                current = metadata.get(self.key)
-                raise MetadataError(
-                    f"subscription {subscription!r} is already consumed by a live query (etcd key "
-                    f"{self.key!r} held by {current.decode() if current else 'a query that just ended'} "
-                    f"for more than {LOCK_TTL_S + LOCK_GRACE_S}s); stop that query or use another "
-                    "subscription"
-                )
-            time.sleep(_LOCK_POLL_S)
-        self._lease: Lease = lease
-        self._keep_alive = self._lease.keep_alive(on_lost=self._on_lost)
-        logger.info("holding subscription lock %s (lease %x)", self.key, self._lease.id)
-
-    def _try_take(self, metadata: MetadataStore, holder: bytes) -> Lease | None:
-        if metadata.get(self.key) is not None:
-            return None
-        lease = metadata.grant_lease(LOCK_TTL_S)
-        if metadata.put_if_absent(self.key, holder, lease=lease):
-            return lease
-        lease.revoke()
-        return None
-
-    def _on_lost(self, error: DanubeError) -> None:
-        self.lost = error
-
-    def check(self) -> None:
-        """Raise if the lease was lost (another query may now own the subscription)."""
-        if self.lost is not None:
-            raise MetadataError(f"lost the subscription lock {self.key!r}: {self.lost}") from self.lost
-
-    def release(self) -> None:
-        self._keep_alive.stop()
-        try:
-            self._lease.revoke()
-        except DanubeError as exc:
-            logger.warning("could not release subscription lock %s (it expires in %ss): %s", self.key, LOCK_TTL_S, exc)
-
-
 def commit_cursors(
     options: DanubeOptions | Mapping[str, str],
     end_offsets: Mapping[str, int] | SourceOffset | str,
     *,
     metadata: MetadataStore | None = None,
+    lock: LockToken | None = None,
 ) -> dict[str, int]:
     """Commit the cursors for a batch the caller's sink has durably written.
 
     `options`: the data source options of the stream (parsed or raw); `end_offsets`:
     end-exclusive positions per topic partition (e.g. from `end_offsets_of(df)`), or the
-    source's end offset JSON from query progress. Pass `metadata` to reuse an etcd connection.
+    source's end offset (`SourceOffset` or its JSON, from query progress or Spark's offsets
+    log), which also names the lock that planned the batch. `lock` names it for bare
+    positions: the cursors then move only while that lock is held, else
+    `SubscriptionLockLostError` (stop the query). Pass `metadata` to reuse an etcd connection.
     Returns the cursors written.
     """
     parsed = options if isinstance(options, DanubeOptions) else parse_options(options)
     if parsed.subscription is None:
         raise MetadataError("commit_cursors: the options name no 'subscription' to commit under")
     positions = _positions(end_offsets)
+    if lock is None and not isinstance(end_offsets, Mapping):
+        lock = (SourceOffset.from_json(end_offsets) if isinstance(end_offsets, str) else end_offsets).lock
     store = metadata or parsed.etcd.connect()
     try:
-        return CursorWriter(store, parsed.subscription).commit(positions)
+        return CursorWriter(store, parsed.subscription).commit(positions, lock)
     finally:
         if metadata is None:
             store.close()
@@ -208,7 +184,8 @@ class DanubeCursorCommitter(StreamingQueryListener):
     It reads each source's end offset from the progress event; offsets that are not a danube
     source's (other sources) are ignored. `etcd_options` supplies credentials/TLS
     (`etcd.user`, `etcd.password`, `etcd.caCert`, ...) for the endpoints named in the offsets,
-    which never carry secrets. Failures are logged, never raised: a listener cannot fail a query.
+    which never carry secrets. Failures are logged, never raised: a listener cannot fail a query
+    (a lost subscription lock stops it through the stream and the sink's commits instead).
     """
 
     def __init__(self, etcd_options: Mapping[str, str] | None = None) -> None:
@@ -244,7 +221,9 @@ class DanubeCursorCommitter(StreamingQueryListener):
             if offset is None or offset.subscription is None or offset.endpoints is None:
                 continue
             try:
-                self._writer(offset.endpoints, offset.subscription).commit(offset.positions)
+                self._writer(offset.endpoints, offset.subscription).commit(offset.positions, offset.lock)
+            except SubscriptionLockLostError as exc:
+                logger.error("batch %s of query %s: %s", event.progress.batchId, event.progress.id, exc)
             except (DanubeError, ValueError) as exc:
                 logger.warning("could not commit cursors of subscription %s after batch %s: %s",
                                offset.subscription, event.progress.batchId, exc)

@@ -17,6 +17,7 @@ from typing import Iterable, Mapping, Protocol, Sequence
 from danube_core.errors import ConfigError
 from danube_core.topics import TopicName
 from connectors.options import EARLIEST, LATEST, Position
+from connectors.subscription_lock import LockToken
 
 Positions = dict[str, int]
 
@@ -46,6 +47,7 @@ class SourceOffset:
     subscription: str | None = None
     endpoints: str | None = None
     lag: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    lock: LockToken | None = None  # the subscription lock that planned the batch ending here
 
     def to_json_dict(self) -> dict:
         value: dict = {"offsets": dict(sorted(self.positions.items()))}
@@ -53,6 +55,8 @@ class SourceOffset:
             value["subscription"] = self.subscription
         if self.endpoints is not None:
             value["etcd"] = self.endpoints
+        if self.lock is not None:
+            value["lock"] = self.lock.to_json_dict()
         if self.lag:
             value["lag"] = {t: dict(v) for t, v in sorted(self.lag.items())}
         return value
@@ -66,7 +70,8 @@ class SourceOffset:
         for topic, offset in positions.items():
             if not isinstance(topic, str) or type(offset) is not int or offset < 0:
                 raise ValueError(f"danube source offset {value!r}: bad position {topic!r}: {offset!r}")
-        return cls(dict(positions), value.get("subscription"), value.get("etcd"), value.get("lag") or {})
+        return cls(dict(positions), value.get("subscription"), value.get("etcd"), value.get("lag") or {},
+                   LockToken.from_json_dict(value.get("lock")))
 
     @classmethod
     def from_json(cls, text: str) -> "SourceOffset":

@@ -60,13 +60,14 @@ SUBSCRIPTION = "subscription"
 FAIL_ON_DATA_LOSS = "failOnDataLoss"
 INCLUDE_SOURCE = "includeSource"
 SALVAGE = "salvage"
+LOST_OFFSETS_LOCATION = "lostOffsetsLocation"
 
 KNOWN_OPTIONS = (
     ETCD_ENDPOINTS, ETCD_USER, ETCD_PASSWORD, ETCD_CA_CERT, ETCD_CERT_KEY, ETCD_CERT_CERT,
     ETCD_TIMEOUT_MS, ROOT_PREFIX, STORAGE_URL, STORAGE_OPTIONS, WAL_ROOT, TOPIC, TOPIC_PATTERN,
     NAMESPACE, STARTING_OFFSETS, STARTING_TIMESTAMP, ENDING_OFFSETS, ENDING_TIMESTAMP,
     MAX_MESSAGES_PER_TRIGGER, MAX_BYTES_PER_TRIGGER, MIN_MESSAGES_PER_TRIGGER, MAX_TRIGGER_DELAY,
-    MAX_PARTITION_BYTES, SUBSCRIPTION, FAIL_ON_DATA_LOSS, INCLUDE_SOURCE, SALVAGE,
+    MAX_PARTITION_BYTES, SUBSCRIPTION, FAIL_ON_DATA_LOSS, INCLUDE_SOURCE, SALVAGE, LOST_OFFSETS_LOCATION,
 )
 _BY_LOWER = {key.lower(): key for key in KNOWN_OPTIONS}
 
@@ -177,6 +178,7 @@ class DanubeOptions:
     fail_on_data_loss: bool = True
     include_source: bool = False
     salvage: tuple[str, ...] | None = None  # object ids / WAL file URLs of an older run
+    lost_offsets_location: str | None = None  # where executors record skipped offsets (connectors.loss_records)
 
     def starting_for(self, streaming: bool) -> Position:
         """The starting position, defaulting as Spark's Kafka source does."""
@@ -208,6 +210,8 @@ class DanubeOptions:
         for key, value in stream_only.items():
             if value is not None:
                 raise ConfigError(f"option {key!r} is only valid for streaming reads")
+        if self.lost_offsets_location is not None:
+            raise ConfigError(f"option {LOST_OFFSETS_LOCATION!r} is only valid for streaming reads")
         if self.starting is not None and self.starting.kind == "cursor" and self.subscription is None:
             raise ConfigError(f"option {STARTING_OFFSETS!r}='cursor' needs option {SUBSCRIPTION!r}")
 
@@ -236,6 +240,7 @@ def parse_options(raw: Mapping[str, str]) -> DanubeOptions:
         fail_on_data_loss=_boolean(opts, FAIL_ON_DATA_LOSS, True),
         include_source=salvage is not None or _boolean(opts, INCLUDE_SOURCE, False),
         salvage=salvage,
+        lost_offsets_location=_get(opts, LOST_OFFSETS_LOCATION) or None,
     )
     _check_combinations(opts)
     return options

@@ -125,12 +125,20 @@ class DanubeDataSource(DataSource):
       subscription         required for streams: the Danube subscription whose cursor
                            (`/topics/{ns}/{topic}/subscriptions/{sub}/cursor`, the last
                            offset the sink has written) the query commits. The subscription
-                           is registered if missing; a second live query on it is refused.
+                           is registered if missing; a second live query on it is refused,
+                           and a query whose lock lease is lost stops without moving cursors.
       failOnDataLoss       `true` (default): fail on a gap, a missing object, a CRC error,
                            offsets that go backwards, or offsets a broker reused, naming
                            topic, offsets and object, before anything is returned or
                            committed; `false`: log, count and skip (counts in query
                            progress under `skippedOffsets`).
+      lostOffsetsLocation  streams with failOnDataLoss=false: an fsspec URL (a directory on
+                           storage both the driver and every executor reach, e.g. under the
+                           checkpoint) where executors record the offsets they skip, so
+                           those count in `skippedOffsets` too (at the next trigger). Without
+                           it only losses the driver finds while planning are counted there;
+                           executors' are logged. `storage.*` options apply when it has the
+                           storage URL's scheme.
       includeSource        `true` adds the column `source`: the object id or `wal`.
       salvage              batch only, with one `topic`: read these sources whole instead
                            of the topic's offset space: comma-separated object ids

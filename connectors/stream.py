@@ -65,7 +65,8 @@ class _DriverState:
     """What the long-lived driver-side process holds for one query."""
 
     def __init__(self, options: DanubeOptions) -> None:
-        from connectors.cursor_commit import CursorWriter, SubscriptionLock
+        from connectors.cursor_commit import CursorWriter
+        from connectors.subscription_lock import SubscriptionLock
         from danube_core.cached_store import CachedMetadataStore
         from danube_core.local_cache import LocalCache
 
@@ -124,7 +125,9 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._state
 
     def _offset(self, positions: Mapping[str, int]) -> dict:
-        return SourceOffset(dict(positions), self.options.subscription, self.options.etcd.endpoints).to_json_dict()
+        lock = self._state.lock.token if self._state is not None else None
+        return SourceOffset(dict(positions), self.options.subscription, self.options.etcd.endpoints,
+                            lock=lock).to_json_dict()
 
     def initialOffset(self) -> dict:
         state = self._driver()
@@ -162,7 +165,13 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snapshots = state.catalog.snapshots({t: max(0, min(begin[t], e) - 1) for t, e in latest.items()}, latest)
         self._report_lag(state, begin, latest, snapshots)
         end = self._admit(state, begin, latest, limit, snapshots)
+        if self.options.lost_offsets_location is not None and not self.options.fail_on_data_loss:
+            from connectors.loss_records import fold
+
+            fold(self.options, state.skipped)
         self._report_losses(state, begin, end, snapshots)
+        if end == SourceOffset.from_json_dict(start).positions:
+            return start  # nothing new: the same offset (a restarted run's lock must not look like data)
         return self._offset(end)
 
     def _report_restarts(self, state: _DriverState, begin: Mapping[str, int]) -> None:
@@ -240,13 +249,26 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         state = self._driver()
-        stop = SourceOffset.from_json_dict(end).positions
+        end_offset = SourceOffset.from_json_dict(end)
+        state.lock.adopt(end_offset.lock)  # a batch planned by this query's earlier run, replayed
+        stop = end_offset.positions
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, stop, state.catalog)
-        return list(plan_partitions(state.catalog, self.options, begin, stop, state.skipped,
-                                    recheck=state.etcd_catalog))
+        partitions = plan_partitions(state.catalog, self.options, begin, stop, state.skipped, recheck=state.etcd_catalog)
+        if self.options.lost_offsets_location is None or self.options.fail_on_data_loss:
+            return list(partitions)
+        from connectors.loss_records import location_storage_options, record_url
+
+        location, storage = self.options.lost_offsets_location, location_storage_options(self.options)
+        for partition in partitions:
+            partition.loss_record = record_url(location, begin, stop, partition.value)
+            partition.loss_storage_options = storage
+        return list(partitions)
 
     def commit(self, end: dict) -> None:
-        self._driver().writer.commit(SourceOffset.from_json_dict(end).positions)
+        state = self._driver()
+        offset = SourceOffset.from_json_dict(end)
+        state.lock.adopt(offset.lock)
+        state.writer.commit(offset.positions, offset.lock, guard=state.lock.value_if_holding(offset.lock))
 
     def stop(self) -> None:
         if self._state is not None:
@@ -270,6 +292,10 @@ def _release_on_sigterm(reader: DanubeStreamReader) -> None:
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum: int, frame: object) -> None:
+        # WARNING, so it reaches the driver's log (this process logs nothing below): a source
+        # process ending while its query runs shows here whether it was told to.
+        logger.warning("source process %d of subscription %s: SIGTERM, releasing the lock and exiting",
+                       os.getpid(), reader.options.subscription)
         reader.stop()
         signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)

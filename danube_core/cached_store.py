@@ -110,6 +110,15 @@ class CachedMetadataStore(MetadataStore):
             self.sync_reads()  # `expected` came from a stale read: the caller's retry reads anew
         return revision
 
+    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes],
+                    lease: Lease | None = None) -> int | None:
+        revision = self.store.guarded_put(key, expected, value, guard=guard, lease=lease)
+        if revision is not None:
+            self.wrote(revision)
+        else:
+            self.sync_reads()
+        return revision
+
     def put_if_absent(self, key: str, value: bytes, lease: Lease | None = None) -> bool:
         created = self.store.put_if_absent(key, value, lease)
         self._wrote_now()  # created, or it exists and later reads must show it

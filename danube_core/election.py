@@ -1,21 +1,27 @@
 """Leader election over one leased etcd key, for any cluster of processes that share a store.
 
 A candidate campaigns by creating `key` = its id (bytes) under a lease of `ttl_s`, only if the
-key is absent, and keeps the lease alive every `ttl_s / 3`. Every candidate also watches the
+key is absent, and keeps the lease alive every `keep_alive_interval_s` (default `ttl_s / 3`).
+Every candidate also watches the
 key and re-checks every `check_interval_s`, so when a leader dies (its lease expires, etcd
 deletes the key) a follower takes over within about one TTL. A leader that finds the key gone
 or held by another id, or whose keep-alive reports the lease lost, steps down at once.
 
-The speed layer's masters use it (`/election/master`). The broker's `broker.leader.LeaderElection`
-(`/cluster/leader`, a JSON number) predates this module and can move onto it later: it is the
-same protocol with `dump_u64(broker_id)` as the id.
+Two clusters use it:
+* the broker (`broker.leader.broker_election`): `/cluster/leader` = `dump_u64(broker_id)`, the
+  JSON number the real Danube v0.7.3 broker writes, TTL 14 s kept alive every half TTL, so our
+  brokers and real ones can share one cluster's election;
+* the speed layer's masters (`/election/master` = the master id).
+
+The holder is compared as bytes: both writers encode an id one way only, and a value this
+module cannot decode must not stop a candidate from following whoever holds the key.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from danube_core.errors import DanubeError
 from danube_core.metadata import KeepAlive, Lease, MetadataStore, WatchHandle
@@ -39,16 +45,23 @@ class LeaseElection:
         *,
         ttl_s: int,
         check_interval_s: float = 1.0,
+        keep_alive_interval_s: float | None = None,
+        label: str | None = None,
         on_elected: Callable[[], None] = lambda: None,
         on_deposed: Callable[[], None] = lambda: None,
     ) -> None:
         if ttl_s < 1:
             raise ValueError(f"election ttl_s={ttl_s!r}: expected an integer number of seconds >= 1")
+        if keep_alive_interval_s is not None and not 0 < keep_alive_interval_s < ttl_s:
+            raise ValueError(f"election keep_alive_interval_s={keep_alive_interval_s!r}: "
+                             f"expected seconds above 0 and below ttl_s={ttl_s}")
         self._metadata = metadata
         self._key = key
         self._id = candidate_id
         self._ttl_s = ttl_s
         self._check_interval_s = check_interval_s
+        self._keep_alive_interval_s = keep_alive_interval_s if keep_alive_interval_s is not None else ttl_s / 3.0
+        self._label = label if label is not None else repr(candidate_id)
         self._on_elected, self._on_deposed = on_elected, on_deposed
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -115,9 +128,9 @@ class LeaseElection:
                 old = self._lease
                 threading.Thread(target=_revoke_quietly, args=(old,), daemon=True).start()
             self._lease = lease
-            self._keep_alive = lease.keep_alive(self._ttl_s / 3.0, on_lost=self._lost)
+            self._keep_alive = lease.keep_alive(self._keep_alive_interval_s, on_lost=self._lost)
             self._leading = True
-        logger.info("%r leads %s (ttl %ds)", self._id, self._key, self._ttl_s)
+        logger.info("%s leads %s (ttl %ds)", self._label, self._key, self._ttl_s)
         self._on_elected()
 
     def _lost(self, error: DanubeError) -> None:
@@ -128,7 +141,7 @@ class LeaseElection:
         with self._lock:
             was_leading, self._leading = self._leading, False
         if was_leading:
-            logger.warning("%r no longer leads %s (%s)", self._id, self._key, why)
+            logger.warning("%s no longer leads %s (%s)", self._label, self._key, why)
             self._on_deposed()
 
 

@@ -66,6 +66,12 @@ class MetadataCompactedError(MetadataError):
         self.compacted_revision = compacted_revision
 
 
+class SubscriptionLockLostError(MetadataError):
+    """A query no longer holds its subscription's lock (its etcd lease was revoked or expired,
+    and another query may own the subscription now). The query stops; its cursors are not
+    moved, so nothing another owner committed is overwritten. Not retriable: a restart is."""
+
+
 class StaleCacheError(MetadataUnavailableError):
     """A local metadata cache did not reach a revision before a deadline (watch behind or down)."""
 

@@ -245,6 +245,17 @@ class MetadataStore(ABC):
     def compare_and_put_revision(self, key: str, expected: bytes | None, value: bytes) -> int | None:
         """`compare_and_put` returning the revision written, None if the comparison failed."""
 
+    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes],
+                    lease: "Lease | None" = None) -> int | None:
+        """`compare_and_put_revision` that also requires the key `guard[0]` to hold `guard[1]`
+        (one etcd transaction comparing both keys), writing `value` with `lease` if given.
+
+        A write that must only happen while some other key says the writer may make it: a
+        subscription cursor moved only while its query holds the subscription lock. None if
+        either comparison failed (the caller re-reads both to tell which).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no guarded_put")
+
     @abstractmethod
     def range_at(self, start_key: str, end_key: str, revision: int | None = None) -> RangeRead:
         """Every key in [start_key, end_key) as of `revision` (None: now), with that revision.

@@ -537,6 +537,21 @@ class EtcdMetadataStore(MetadataStore):
 
         return self._call("compare_and_put", _key(key), txn, failover=False)
 
+    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes],
+                    lease: Lease | None = None) -> int | None:
+        check_value(key, value)
+        guard_key, guard_value = guard
+
+        def txn(client: Any) -> int | None:
+            ops = client.transactions
+            condition = ops.create(key) == 0 if expected is None else ops.value(key) == expected
+            put = ops.put(key, value, lease=_lease_id(lease))
+            swapped, responses = client.transaction(
+                compare=[condition, ops.value(guard_key) == guard_value], success=[put], failure=[])
+            return responses[0].response_put.header.revision if swapped else None
+
+        return self._call("guarded_put", _key(key), txn, failover=False)
+
     def grant_lease(self, ttl_s: int) -> Lease:
         check_ttl(ttl_s)
         # Not re-sent on failover: after a lost reply that would grant a second lease.

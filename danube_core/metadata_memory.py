@@ -182,6 +182,19 @@ class MemoryMetadataStore(MetadataStore):
             self._set(key, value, None, revision)
             return revision
 
+    def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes],
+                    lease: Lease | None = None) -> int | None:
+        with self._cond:
+            self._live()
+            check_value(key, value)
+            entry, held = self._data.get(key), self._data.get(guard[0])
+            if (entry[0] if entry is not None else None) != expected or (held[0] if held else None) != guard[1]:
+                return None
+            self._check_put(key, value, lease)
+            revision = self._next_revision()
+            self._set(key, value, lease, revision)
+            return revision
+
     def range_at(self, start_key: str, end_key: str, revision: int | None = None) -> RangeRead:
         with self._cond:
             self._live()

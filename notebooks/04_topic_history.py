@@ -31,9 +31,10 @@ dbutils.widgets.text("max_versions", "20", "newest versions to reconcile")
 # COMMAND ----------
 
 import json
-from datetime import datetime, timezone
 
 import connectors
+from connectors.notebook_widgets import millis
+from connectors.notebook_widgets import source_options as source_options_from
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
@@ -44,22 +45,7 @@ def widget(name):
     return dbutils.widgets.get(name).strip()
 
 
-def millis(text):
-    """Milliseconds since the epoch from a number or ISO-8601 text (UTC unless it says otherwise)."""
-    if text.isdigit():
-        return int(text)
-    parsed = datetime.fromisoformat(text)
-    return int((parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).timestamp() * 1000)
-
-
-source_options = {
-    "etcd.endpoints": widget("etcd_endpoints"),
-    "rootPrefix": widget("root_prefix"),
-    "storage.url": widget("storage_url"),
-    "storage.options": widget("storage_options") or "{}",
-    "walRoot": widget("wal_root"),
-    "topic": widget("topic"),
-}
+source_options = {**source_options_from(widget), "topic": widget("topic")}
 target_path = widget("target_path")
 quarantine_path = widget("quarantine_path")
 

@@ -48,7 +48,7 @@ def _run(path: str) -> int:
 
     def stop(signum: int, _frame: object) -> None:
         logging.getLogger("pipelines").info("signal %d: stopping pipeline %s", signum, config.name)
-        runner.stop()
+        runner.request_stop()  # not runner.stop(): no Spark call from inside a blocked Spark call
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

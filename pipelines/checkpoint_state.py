@@ -21,6 +21,7 @@ from typing import Mapping
 from pyspark.sql import SparkSession
 
 from connectors.offsets import SourceOffset
+from connectors.subscription_lock import LockToken
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +107,17 @@ def parse_query_id(text: str | None) -> str | None:
 
 def parse_offset_entry(text: str | None) -> dict[str, int] | None:
     """End positions of the `danube` source in one offsets-log entry (None if none is there)."""
+    offset = parse_source_offset(text)
+    return None if offset is None else dict(offset.positions)
+
+
+def parse_source_offset(text: str | None) -> SourceOffset | None:
+    """The `danube` source's offset in one offsets-log entry (None if none is there)."""
     if not text:
         return None
     for line in text.splitlines()[2:]:
         try:
-            return dict(SourceOffset.from_json(line).positions)
+            return SourceOffset.from_json(line)
         except ValueError:
             continue  # another source's offset, or "-"
     return None
@@ -118,12 +125,19 @@ def parse_offset_entry(text: str | None) -> dict[str, int] | None:
 
 def planned_ranges(spark: SparkSession, location: str, batch_id: int) -> dict[str, PlannedRange] | None:
     """Per topic partition, the offsets batch `batch_id` was planned to read (None: not logged)."""
+    return planned_batch(spark, location, batch_id)[0]
+
+
+def planned_batch(spark: SparkSession, location: str,
+                  batch_id: int) -> tuple[dict[str, PlannedRange] | None, LockToken | None]:
+    """`planned_ranges`, and the subscription lock that planned the batch (its cursor commit
+    is conditioned on that lock: `connectors.subscription_lock`)."""
     files = CheckpointFiles(spark, location)
-    end = parse_offset_entry(files.read_text(f"offsets/{batch_id}"))
+    end = parse_source_offset(files.read_text(f"offsets/{batch_id}"))
     if end is None:
-        return None
+        return None, None
     start = parse_offset_entry(files.read_text(f"offsets/{batch_id - 1}")) if batch_id > 0 else None
-    return ranges_between(start or {}, end)
+    return ranges_between(start or {}, end.positions), end.lock
 
 
 def ranges_between(start: Mapping[str, int], end: Mapping[str, int]) -> dict[str, PlannedRange]:

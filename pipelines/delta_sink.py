@@ -12,7 +12,9 @@ Order per batch, and why it gives exactly-once:
    a write whose (appId, version) its log has already committed, so a replay adds nothing to a
    table the first attempt reached and completes the one it did not;
 3. only then commit the subscription cursors in etcd (`connectors.cursor_commit`): the cursor
-   never runs ahead of what Delta holds;
+   never runs ahead of what Delta holds. The commit compares the subscription lock named in the
+   batch's offset (Spark's offsets log) in the same etcd transaction: a pipeline whose lock lease
+   was lost stops with `SubscriptionLockLostError` rather than move another owner's cursor;
 4. if the pipeline feeds a speed-layer dataset (`speedlayer:` in its file), announce the
    target's new version to it (`pipelines.speedlayer_feed`; best effort, never fails the batch).
 
@@ -56,7 +58,7 @@ from pyspark.sql import functions as F
 from connectors.cursor_commit import commit_cursors
 from danube_core.metadata import MetadataStore
 from pipelines.batch_trail import SplitDecision, TableTrail, check_checkpoint, pipeline_tables, read_trail
-from pipelines.checkpoint_state import CheckpointState, PlannedRange, missing_offsets, planned_ranges, read_state
+from pipelines.checkpoint_state import CheckpointState, PlannedRange, missing_offsets, planned_batch, read_state
 from pipelines.config import PipelineConfig, TableConfig
 from pipelines.decode import DECODE_ERROR, META_COLUMNS, PAYLOAD, Decoder, prepare
 from pipelines.expectations import FAILED, BatchQuality, QualityGate, mark_failures
@@ -110,7 +112,7 @@ class DeltaBatchWriter:
             decoded = decoder.decode(prepared, (decision.schema_id, decision.default_version)).persist()
             summary = summarize(decoded)
             spans = summary.spans
-            planned = planned_ranges(spark, self.config.checkpoint, batch_id)
+            planned, lock = planned_batch(spark, self.config.checkpoint, batch_id)
             lost = missing_offsets(planned or {}, {t: (s.start, s.rows) for t, s in spans.items()})
             timings["decode"] = self.clock() - started
             marked, quality = self._validate(decoded, gate, timings)
@@ -124,7 +126,7 @@ class DeltaBatchWriter:
             timings["write"] = self.clock() - mark
             mark = self.clock()
             cursors = commit_cursors(self.reader_options, cursor_ends(spans, planned),
-                                     metadata=faulting_store(self.metadata))
+                                     metadata=faulting_store(self.metadata), lock=lock)
             timings["cursor"] = self.clock() - mark
             if self.announcer is not None and self.config.target.location in written:
                 mark = self.clock()

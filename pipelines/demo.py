@@ -5,8 +5,10 @@ registers the `orders` JSON schema through the broker's schema registry and publ
 order stream stamped with it, both with the official `danube-client` (every 10th order is
 broken in some way), runs
 `conf/pipelines/orders.yaml` once (availableNow) and shows what landed: the Delta table's row
-count and a few rows, the quarantine by reason, and the subscription cursor in etcd. Then it
-stops everything it started. This module is a command: its output is the point, so it
+count and a few rows, the quarantine by reason, and the subscription cursor in etcd. Then the
+speed layer takes over (`speedlayer.embedded`: one master, one worker and one gateway, each a
+process): the Delta table is admitted, and two queries go through the gateway, their rows and
+latency printed. Then it stops everything it started. This module is a command: its output is the point, so it
 writes to stdout.
 """
 
@@ -141,6 +143,7 @@ def _run_pipeline(stack: EmbeddedStack, root: Path) -> None:
         metrics = runner.run()
         say(f"pipeline finished: {metrics.totals()}")
         _show_results(runner, config)
+        _query_speed_layer(stack, root, config.target.path)
     finally:
         runner.stop()
         runner.spark.stop()
@@ -163,6 +166,47 @@ def _show_results(runner, config) -> None:
         key = cursor_key(TOPIC, config.source.subscription)
         raw = metadata.get(key)
         say(f"etcd cursor {key} = {parse_cursor(raw, key) if raw is not None else 'none'}")
+
+
+SPEED_LAYER_QUERIES = (
+    "SELECT currency, count(*) AS orders, round(sum(amount), 2) AS amount FROM orders "
+    "GROUP BY currency ORDER BY currency",
+    "SELECT order_id, customer, amount, currency FROM orders WHERE order_id = 'o-000042'",
+)
+
+
+def _query_speed_layer(stack: EmbeddedStack, root: Path, table_path: str) -> None:
+    import statistics
+    import time
+
+    from speedlayer.client import QueryClient
+    from speedlayer.embedded import EmbeddedSpeedLayer
+    from speedlayer.query_cli import render_rows
+
+    say("\n== speed layer: one master, one worker, one gateway (processes)")
+    layer = EmbeddedSpeedLayer(root / "speedlayer", stack.etcd_endpoint)
+    try:
+        layer.start(workers=1)
+        epoch = layer.admit("orders", table_path)
+        say(f"admitted {table_path} as dataset 'orders' of tenant 'demo': epoch {epoch} READY in worker memory")
+        layer.wait_queryable("orders")
+        with QueryClient(layer.gateway, "demo") as client:
+            for sql in SPEED_LAYER_QUERIES:
+                started = time.perf_counter()
+                table = client.query("orders", sql)
+                first_ms = (time.perf_counter() - started) * 1000
+                warm = []
+                for _ in range(20):
+                    started = time.perf_counter()
+                    client.query("orders", sql)
+                    warm.append((time.perf_counter() - started) * 1000)
+                say(f"\ngateway {layer.gateway}> {sql}")
+                say(render_rows(table.column_names, table.to_pylist()))
+                say(f"{table.num_rows} row(s) in {first_ms:.1f} ms (then p50 {statistics.median(warm):.1f} ms "
+                    f"over {len(warm)} runs)")
+    finally:
+        layer.stop()
+        say("speed layer stopped")
 
 
 def _table(df) -> str:

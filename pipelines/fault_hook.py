@@ -96,6 +96,11 @@ class _KillAfterCursorPut:
         fault_point("during_cursor_commit")
         return result
 
+    def guarded_put(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._store.guarded_put(*args, **kwargs)
+        fault_point("during_cursor_commit")
+        return result
+
 
 def _marker(step: str) -> str:
     return os.path.join(os.environ.get(ENV_MARKERS) or ".", f"fault-{step}.fired")

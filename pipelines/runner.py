@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from pyspark.sql import SparkSession
 from pyspark.errors import StreamingQueryException
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 # A driver that died holds the subscription lock until its etcd lease expires (connectors'
 # LOCK_TTL_S = 10 s); a restarted pipeline retries for up to this long before giving up.
 LOCK_WAIT_S = 30.0
+STOP_POLL_S = 0.5  # how often `run` looks for a stop request while the query runs
 
 
 def reader_options(source: SourceConfig) -> dict[str, str]:
@@ -65,6 +67,28 @@ def reader_options(source: SourceConfig) -> dict[str, str]:
     return options
 
 
+def lost_offsets_option(config: PipelineConfig) -> dict[str, str]:
+    """With failOnDataLoss=false, executors record the offsets they skip under the checkpoint
+    (`connectors.loss_records`), so query progress counts them; only for a checkpoint fsspec
+    can reach too (a local path, `file://`, `s3://`, `dbfs:/` through its `/dbfs` mount, ...;
+    not e.g. `abfss://` without adlfs)."""
+    if config.source.fail_on_data_loss:
+        return {}
+    from urllib.parse import urlsplit
+
+    from fsspec.registry import known_implementations
+
+    checkpoint = config.checkpoint.rstrip("/")
+    scheme = urlsplit(checkpoint).scheme
+    if scheme == "dbfs":  # fsspec's dbfs needs a workspace token; clusters mount DBFS at /dbfs
+        checkpoint, scheme = "/dbfs/" + checkpoint[len("dbfs:"):].lstrip("/"), ""
+    if scheme and scheme not in known_implementations:
+        logger.info("pipeline %s: executor-side data loss is logged, not counted in query progress "
+                    "(fsspec cannot reach the checkpoint %s)", config.name, config.checkpoint)
+        return {}
+    return {opt.LOST_OFFSETS_LOCATION: f"{checkpoint}/danube-lost-offsets"}
+
+
 def _text(value: int | None) -> str | None:
     return None if value is None else str(value)
 
@@ -74,7 +98,7 @@ class PipelineRunner:
 
     def __init__(self, config: PipelineConfig, spark: SparkSession | None = None) -> None:
         self.config = config
-        self.options = reader_options(config.source)
+        self.options = {**lost_offsets_option(config), **reader_options(config.source)}
         try:
             parsed = opt.parse_options(self.options)
         except ConfigError as exc:
@@ -94,6 +118,7 @@ class PipelineRunner:
         self.decoder = Decoder(config.decode, schemas)
         self.query: StreamingQuery | None = None
         self._closed = False
+        self._stop_requested = threading.Event()
 
     def check_checkpoint(self) -> None:
         """Refuse to start when a table holds batches of this pipeline its checkpoint does not
@@ -124,17 +149,27 @@ class PipelineRunner:
         logger.info("pipeline %s started (query %s, trigger %s)", self.config.name, self.query.id, trigger.mode)
         return self.query
 
+    def request_stop(self) -> None:
+        """Make `run` stop the query and return. Safe in a signal handler: it calls no Spark
+        method (a handler runs inside the main thread's blocking Py4J call, whose connection a
+        second call from the handler would corrupt, failing the stop)."""
+        self._stop_requested.set()
+
     def run(self, lock_wait_s: float = LOCK_WAIT_S) -> PipelineMetrics:
         """Start and block until the query ends (availableNow) or is stopped; re-raise its failure.
 
         The subscription lock is taken when the query first plans, so a predecessor that died
         still holding it fails the new query at once; it is restarted until the lock expires.
+        `request_stop()` ends the wait: the query is stopped here, on the calling thread.
         """
         deadline = time.monotonic() + lock_wait_s
         while True:
             query = self.query or self.start()
             try:
-                query.awaitTermination()
+                while not query.awaitTermination(STOP_POLL_S):
+                    if self._stop_requested.is_set():
+                        self.stop()
+                        return self.metrics
                 return self.metrics
             except StreamingQueryException as exc:
                 if "already consumed" not in str(exc) or time.monotonic() >= deadline:

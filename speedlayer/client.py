@@ -1,4 +1,5 @@
-"""`ManagementClient`: the ManagementService from any master, following the leader.
+"""`ManagementClient`: the ManagementService from any master, following the leader; and
+`query`/`QueryClient` (from `speedlayer.query.client`): SQL on a dataset through the gateway.
 
 Given one or more master addresses, each call goes to the last known leader; a follower's
 UNAVAILABLE names the leader (`leader-address`), so the client goes there after the
@@ -19,6 +20,17 @@ from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc
 from speedlayer.transport.leader_gate import leader_hint
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["ManagementClient", "delta_request", "query", "QueryClient"]
+
+
+def __getattr__(name: str):
+    # The query client needs pyarrow.flight; masters and workers importing this module do not.
+    if name in ("query", "QueryClient"):
+        from speedlayer.query import client as query_client
+
+        return getattr(query_client, name)
+    raise AttributeError(name)
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
                    ("grpc.max_send_message_length", 64 * 1024 * 1024)]

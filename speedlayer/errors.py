@@ -67,3 +67,42 @@ class SourceError(SpeedLayerError):
 
     status_name = "UNAVAILABLE"
     retriable = True
+
+
+# ---- the query path (workers' Flight service, the Data Gateway, the query client) ----------
+
+
+class InvalidQueryError(InvalidRequestError):
+    """SQL that DuckDB refuses (syntax, an unknown column) or that is not one SELECT; the
+    message names the dataset and epoch it was bound to."""
+
+
+class UnauthenticatedError(SpeedLayerError):
+    """No tenant header, or a tenant whose configured token was not presented."""
+
+    status_name = "UNAUTHENTICATED"
+
+
+class QueryTimeoutError(SpeedLayerError):
+    """The query's deadline passed; it was interrupted."""
+
+    status_name = "DEADLINE_EXCEEDED"
+
+
+class QueryCancelledError(SpeedLayerError):
+    """The caller went away (cancelled its call); the query was interrupted."""
+
+    status_name = "CANCELLED"
+
+
+class ResultTooLargeError(SpeedLayerError):
+    """The result passed the query's row or byte limit; ask for less (LIMIT, aggregate)."""
+
+    status_name = "RESOURCE_EXHAUSTED"
+
+
+class ReplicaUnavailableError(SpeedLayerError):
+    """No READY replica of the dataset's epoch could be reached; worth retrying."""
+
+    status_name = "UNAVAILABLE"
+    retriable = True

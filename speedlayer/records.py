@@ -79,7 +79,12 @@ class Replica:
 
 @dataclass(frozen=True)
 class AssignmentRecord:
-    """`/assignments/{tenant}/{dataset}/{epoch}`: an epoch's admission status and placement."""
+    """`/assignments/{tenant}/{dataset}/{epoch}`: an epoch's admission status and placement.
+
+    `load_failures`: worker -> the reason its load FAILED. Such a worker is no longer a replica
+    and is never chosen for this epoch again; the replica is placed on another worker of the
+    tenant until `GlobalConfig.max_load_failures` workers have failed.
+    """
 
     tenant: str
     dataset: str
@@ -98,6 +103,7 @@ class AssignmentRecord:
     ready_ms: int = 0        # when a first replica became READY (0: never)
     base_epoch: str = ""     # an incremental epoch: the epoch it adds files to
     kind: str = "full"       # full (admitted or rebuilt) or incremental
+    load_failures: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         value = asdict(self)
@@ -108,7 +114,8 @@ class AssignmentRecord:
         value = load(raw, key)
         try:
             replicas = {w: Replica(**_pick(Replica, r)) for w, r in value.get("replicas", {}).items()}
-            return cls(**{**_pick(cls, value), "replicas": replicas})
+            failures = {str(w): str(why) for w, why in value.get("load_failures", {}).items()}
+            return cls(**{**_pick(cls, value), "replicas": replicas, "load_failures": failures})
         except TypeError as exc:
             raise MetadataError(f"{key}: not an assignment record: {exc}") from exc
 
@@ -183,7 +190,9 @@ class GlobalConfig:
     in-memory size estimated from Parquet bytes. `default_ttl_sec` (the seed's key): how long an
     epoch stays held once a newer epoch of its dataset is served. `refresh_poll_interval_s`: how
     often the leader looks for Delta versions nobody announced. `evicted_retention_s`: how long
-    an EVICTED record stays visible before it is deleted.
+    an EVICTED record stays visible before it is deleted. `max_load_failures`: on how many workers an
+    epoch may fail to load before no further worker is tried (a plan that cannot be loaded
+    anywhere must not walk through every worker of a large tenant).
     """
 
     memory_quota_bytes: int = 0
@@ -195,6 +204,7 @@ class GlobalConfig:
     default_ttl_sec: float = 30.0
     refresh_poll_interval_s: float = 5.0
     evicted_retention_s: float = 300.0
+    max_load_failures: int = 3
 
     def to_json(self) -> bytes:
         return dump(asdict(self))
@@ -211,6 +221,8 @@ class GlobalConfig:
         if config.default_ttl_sec < 0 or config.refresh_poll_interval_s <= 0 or config.evicted_retention_s < 0:
             raise MetadataError(f"{key}: default_ttl_sec and evicted_retention_s must be >= 0, "
                                 "refresh_poll_interval_s > 0")
+        if not isinstance(config.max_load_failures, int) or config.max_load_failures < 1:
+            raise MetadataError(f"{key}: max_load_failures={config.max_load_failures!r}: expected an integer >= 1")
         return config
 
 

@@ -20,9 +20,13 @@ from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSumm
 
 @dataclass(frozen=True)
 class EpochPlacement:
+    """An epoch as placement sees it. `excluded`: workers never to be given it (its load
+    failed there)."""
+
     plan: PlanSummary
     replication: int
     workers: tuple[str, ...]
+    excluded: frozenset[str] = frozenset()
 
 
 def next_placement(epochs: list[EpochPlacement], candidates: list[Candidate], keep: set[tuple[str, str]],
@@ -50,7 +54,7 @@ def _drop_and_fill(epochs: list[EpochPlacement], pool: dict[str, Candidate], kee
         workers = tuple(w for w in epoch.workers if w in usable or (epoch.plan.tenant, w) in keep)
         missing = epoch.replication - len(workers)
         if missing > 0:
-            extra = strategy.select(epoch.plan, list(pool.values()), missing, exclude=set(workers))
+            extra = strategy.select(epoch.plan, list(pool.values()), missing, exclude=set(workers) | epoch.excluded)
             for worker in extra:
                 _charge(pool, worker, epoch.plan.estimated_bytes)
             workers += tuple(extra)
@@ -69,6 +73,7 @@ def _balance(epochs: list[EpochPlacement], placed: dict[str, tuple[str, ...]], p
     if len(targets) < 2:
         return
     sizes = {e.plan.key: e.plan.estimated_bytes for e in epochs}
+    excluded = {e.plan.key: e.excluded for e in epochs}
     while True:
         load = {w: 0 for w in targets}
         for workers in placed.values():
@@ -82,7 +87,7 @@ def _balance(epochs: list[EpochPlacement], placed: dict[str, tuple[str, ...]], p
         if load[donor] <= high and load[taker] >= low or load[donor] - load[taker] <= 1:
             return
         movable = sorted(k for k, ws in placed.items() if donor in ws and taker not in ws
-                         and pool[taker].fits(sizes[k]))
+                         and taker not in excluded[k] and pool[taker].fits(sizes[k]))
         if not movable:
             return
         key = movable[0]

@@ -18,6 +18,7 @@ from typing import Callable
 from danube_core.errors import DanubeError
 
 from speedlayer.master.lifecycle import evictions, superseded_keys
+from speedlayer.master.load_failures import failed_everywhere, replication_target, retire_failed_replicas
 from speedlayer.master.placement import EpochPlacement, next_placement
 from speedlayer.master.quotas import footprint
 from speedlayer.master.state import ClusterState, ConfigView
@@ -25,7 +26,7 @@ from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSumm
 from speedlayer.observability.audit import AuditEvent, AuditLogger
 from speedlayer.observability.metrics import EVICTIONS, WORKERS_REGISTERED
 from speedlayer.records import (
-    ASSIGNED, EVICTED, PLANNED, R_FAILED, R_READY, AssignmentRecord, Replica, WorkerRecord,
+    ASSIGNED, EVICTED, FAILED, PLANNED, R_FAILED, R_READY, AssignmentRecord, Replica, WorkerRecord,
 )
 from speedlayer.transport.streams import StreamRegistry, WorkerSession
 
@@ -97,6 +98,7 @@ class Reconciler:
 
     def run_once(self) -> float:
         """One pass; returns how long to wait before the next unless woken."""
+        self._retire_failed()
         records, workers, lost_since, draining = self._state.snapshot()
         sessions = self._registry.all()
         connected = {s.key for s in sessions if not s.closed}
@@ -111,8 +113,9 @@ class Reconciler:
         records = self._apply_lifecycle(records)
         candidates = candidates_of(records, sessions, self._state.placeable_workers(now < grace_end), draining)
         old = superseded_keys(records)  # neither refilled nor balanced: they wait for their eviction
+        max_failures = self._config.global_config.max_load_failures
         epochs = [EpochPlacement(PlanSummary(r.tenant, r.dataset, r.epoch, r.estimated_memory_bytes),
-                                 r.replication, r.staying())
+                                 replication_target(r, max_failures), r.staying(), frozenset(r.load_failures))
                   for r in records if r.status in (PLANNED, ASSIGNED) and (r.tenant, r.dataset, r.epoch) not in old]
         by_key = {f"{r.tenant}/{r.dataset}/{r.epoch}": r for r in records}
         live = set(workers) | connected
@@ -121,6 +124,7 @@ class Reconciler:
         for record in self._state.snapshot()[0]:
             if any(r.leaving for r in record.replicas.values()):
                 self._retire_leaving(record, live)
+            self._fail_if_unplaceable(record, max_failures)
         for session in self._registry.all():
             self.sync(session)
         waits = [max(since + delay, grace_end if k in taking_over else 0.0) - now
@@ -198,6 +202,39 @@ class Reconciler:
                                       detail={"added": added, "removed": removed}))
         logger.info("epoch %s of %s/%s: +%s -%s", record.epoch, record.tenant, record.dataset, added, removed,
                     extra={"tenant_id": record.tenant, "epoch_id": record.epoch})
+
+    def _retire_failed(self) -> None:
+        """Take replicas whose load FAILED off their epochs (the reason kept), so this pass
+        places them on other workers."""
+        for record in self._state.snapshot()[0]:
+            if retire_failed_replicas(record) is None:
+                continue
+            updated = self._state.update_record(record.tenant, record.dataset, record.epoch,
+                                                lambda current: retire_failed_replicas(current))
+            for worker in sorted(set(updated.load_failures) - set(record.load_failures) if updated else ()):
+                reason = updated.load_failures[worker]
+                self._audit.record(AuditEvent(
+                    kind="replica.FAILED", tenant=record.tenant, dataset=record.dataset, epoch=record.epoch,
+                    master_id=self._master_id,
+                    detail={"worker": worker, "reason": reason, "failures": len(updated.load_failures),
+                            "max_load_failures": self._config.global_config.max_load_failures}))
+                logger.warning("epoch %s of %s/%s failed to load on %s (%s): placing it elsewhere",
+                               record.epoch, record.tenant, record.dataset, worker, reason,
+                               extra={"tenant_id": record.tenant, "worker_id": worker, "epoch_id": record.epoch})
+
+    def _fail_if_unplaceable(self, record: AssignmentRecord, max_failures: int) -> None:
+        if failed_everywhere(record, max_failures) is None:
+            return
+        updated = self._state.update_record(record.tenant, record.dataset, record.epoch,
+                                            lambda current: failed_everywhere(current, max_failures))
+        if updated is None or updated.status != FAILED:
+            return
+        self._audit.record(AuditEvent(kind="admission.FAILED", tenant=record.tenant, dataset=record.dataset,
+                                      epoch=record.epoch, master_id=self._master_id,
+                                      detail={"reason": updated.message,
+                                              "load_failures": dict(updated.load_failures)}))
+        logger.error("epoch %s of %s/%s FAILED: %s", record.epoch, record.tenant, record.dataset, updated.message,
+                     extra={"tenant_id": record.tenant, "epoch_id": record.epoch})
 
     def _retire_leaving(self, record: AssignmentRecord, live: set[tuple[str, str]]) -> None:
         """Drop leaving replicas once their replacements are READY (or the worker is gone)."""

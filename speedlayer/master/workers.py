@@ -133,7 +133,8 @@ class WorkerDirectory:
         elif state == R_FAILED:
             logger.error("epoch %s FAILED on %s: %s", ref, session.worker_id, update.error_message, extra=extra)
         if updated is None or session.worker_id not in updated.replicas or state != R_LOADING:
-            self._changed()  # dropped by the next sync, or it settles an epoch (refresh, lifecycle)
+            # dropped by the next sync, placed elsewhere (FAILED), or it settles an epoch (refresh, lifecycle)
+            self._changed()
 
     def disconnected(self, session: WorkerSession) -> None:
         """The stream ended. The lease is left to expire (a quick reconnect keeps everything)."""

@@ -36,6 +36,13 @@ REFRESH_LAG = Histogram(
     "master_refresh_detect_seconds", "Source commit time to the refresh epoch being planned",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
+GATEWAY_QUERIES = Counter("gateway_queries_total", "Queries through the gateway by outcome (OK or a status)",
+                          ["tenant", "outcome"])
+GATEWAY_QUERY_SECONDS = Histogram(
+    "gateway_query_seconds", "Query latency at the gateway, routing to the last batch",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+)
+GATEWAY_RETRIES = Counter("gateway_replica_retries_total", "Queries retried on another replica", ["tenant"])
 
 _TIMED = {"get", "put", "delete", "delete_prefix", "get_prefix", "get_range", "put_if_absent",
           "compare_and_put", "grant_lease"}

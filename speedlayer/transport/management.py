@@ -21,7 +21,7 @@ from speedlayer.errors import InvalidRequestError, NotFoundError, SpeedLayerErro
 from speedlayer.keys import SpeedLayerKeys, valid_id
 from speedlayer.master.admission import AdmissionController
 from speedlayer.master.quotas import tenant_usage
-from speedlayer.records import AssignmentRecord, TenantConfig, WorkerRecord
+from speedlayer.records import R_FAILED, AssignmentRecord, TenantConfig, WorkerRecord
 from speedlayer.transport.leader_gate import abort_with
 
 logger = logging.getLogger(__name__)
@@ -128,5 +128,7 @@ def _epoch_status(record: AssignmentRecord) -> mg.EpochStatus:
         replication=record.replication, file_count=record.file_count, kind=record.kind,
         base_epoch_id=record.base_epoch,
         replicas=[mg.ReplicaStatus(worker_id=w, state=r.state, rows=r.rows, bytes=r.bytes, seconds=r.seconds,
-                                   error=r.error, leaving=r.leaving) for w, r in sorted(record.replicas.items())],
+                                   error=r.error, leaving=r.leaving) for w, r in sorted(record.replicas.items())]
+        # workers whose load failed stay listed, FAILED with their reason, after they were replaced
+        + [mg.ReplicaStatus(worker_id=w, state=R_FAILED, error=why) for w, why in sorted(record.load_failures.items())],
     )

@@ -26,7 +26,7 @@ from speedlayer.observability.metrics import EPOCHS_HELD, LOAD_SECONDS, LOADED_R
 from speedlayer.transport.leader_gate import leader_hint
 from speedlayer.worker.epochs import HeldTables
 from speedlayer.worker.loader import EpochLoader, LoadResult, quote
-from speedlayer.worker.served import ServedEpochs
+from speedlayer.worker.serving import ServedDatasets
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,6 @@ class HeldEpoch:
     rows: int = 0
     bytes: int = 0
     version: int = -1
-    seq: int = 0  # arrival order: breaks version ties (two epochs of one version, other partitions)
 
 
 class WorkerAgent:
@@ -66,10 +65,10 @@ class WorkerAgent:
         self.config = config
         self.loader = EpochLoader(memory_limit_bytes=config.memory_bytes, threads=config.threads,
                                   storage_options=config.storage_options)
+        # What queries see: an epoch is published here only once COMPLETED (READY).
+        self.served = ServedDatasets(drop_table=self.loader.drop)
         self.held: dict[tuple[str, str], HeldEpoch] = {}
         self.tables = HeldTables(self.loader.cursor)
-        self.served = ServedEpochs()
-        self._seq = 0
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader")
         self._stop = threading.Event()
@@ -174,9 +173,8 @@ class WorkerAgent:
                 if held.status == Status.COMPLETED:
                     self._report(held)
                 return
-            self._seq += 1
             self.held[key] = HeldEpoch(event.dataset_id, event.epoch_id, event.load_plan.destination_table_name,
-                                       version=event.load_plan.version, seq=self._seq)
+                                       version=_plan_version(event.load_plan))
         self._executor.submit(self._load, event)
 
     def _load(self, event: cp.DataAssignmentEvent) -> None:
@@ -203,10 +201,11 @@ class WorkerAgent:
             if held is not None:
                 held.status, held.rows, held.bytes = Status.COMPLETED, result.rows, result.bytes
             EPOCHS_HELD.set(sum(h.status == Status.COMPLETED for h in self.held.values()))
+            if held is not None:  # still wanted: queries may see it from now on
+                self._publish(held)
         if held is None:  # unassigned while loading
             self.tables.drop(key)
             return
-        self._swap_served(event.dataset_id)
         logger.info("epoch %s/%s READY%s: %d rows, %d bytes in %.2fs", *key,
                     f" (+{len(event.load_plan.source.delta.added_files)} files on {event.load_plan.base_epoch_id})"
                     if base_parts is not None else "", result.rows, result.bytes, result.seconds, extra=extra)
@@ -239,22 +238,18 @@ class WorkerAgent:
         rows = self.loader.cursor().execute(f"SELECT count(*) FROM {quote(tables.relation)}").fetchone()[0]
         return replace(result, rows=rows)
 
-    def _swap_served(self, dataset: str) -> None:
-        """THE swap: point `dataset`'s queries at the newest epoch held whole (by source version,
-        then arrival), or stop serving it when none is left. The single place where the epoch
-        queries see changes on this worker."""
-        with self._lock:
-            complete = [h for h in self.held.values() if h.dataset == dataset and h.status == Status.COMPLETED]
-            newest = max(complete, key=lambda h: (h.version, h.seq), default=None)
-            current = self.served.get(dataset)
-            tables = self.tables.get((dataset, newest.epoch)) if newest is not None else None
-            if newest is not None and tables is not None:
-                if current is None or current.epoch != newest.epoch:
-                    self.served.publish(dataset, newest.epoch, tables.relation, newest.version)
-                    logger.info("dataset %s now serves epoch %s (version %d)", dataset, newest.epoch,
-                                newest.version, extra=self._extra)
-            elif current is not None:
-                self.served.retire(dataset, current.epoch)
+    def _publish(self, held: HeldEpoch) -> None:
+        """THE swap (called under the agent's lock, once the epoch is held whole): make the epoch
+        queryable. Queries resolve a dataset to its newest published epoch (by source version),
+        so publishing a newer one moves them all forward at once, while a running query keeps
+        the epoch it pinned; the epoch's tables are released through `HeldTables` (shared
+        parts stay while another epoch reads them)."""
+        key = (held.dataset, held.epoch)
+        tables = self.tables.get(key)
+        if tables is None:
+            return
+        self.served.publish(held.dataset, held.epoch, tables.relation, version=held.version,
+                            release=lambda: self.tables.drop(key))
 
     def _report(self, held: HeldEpoch) -> None:
         self._send(data_pull_status_update=Status(dataset_id=held.dataset, epoch_id=held.epoch,
@@ -265,8 +260,9 @@ class WorkerAgent:
             held = self.held.pop((event.dataset_id, event.epoch_id), None)
             empty = not self.held
         if held is not None and held.status == Status.COMPLETED:
-            self._swap_served(event.dataset_id)  # off this epoch first, if it was the one served
-            self.tables.drop((event.dataset_id, event.epoch_id))
+            # Queries still reading the epoch keep it; its tables are released when the last ends.
+            if not self.served.retire(held.dataset, held.epoch):
+                self.tables.drop((held.dataset, held.epoch))
         logger.info("epoch %s/%s dropped (%s)", event.dataset_id, event.epoch_id, event.reason, extra=self._extra)
         if self.draining and empty:
             logger.info("drained: exiting", extra=self._extra)
@@ -280,3 +276,10 @@ class WorkerAgent:
                 empty = not self.held
             if empty:
                 self.stop()
+
+
+def _plan_version(plan: cp.LoadPlan) -> int:
+    """The source table version an epoch holds (Delta version), -1 when the source has none."""
+    if plan.source.WhichOneof("source_type") == "delta":
+        return plan.source.delta.version
+    return -1

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from broker.embedded_etcd import free_port
-from danube_core.keys import REGISTER_PREFIX
+from danube_core.errors import DanubeError
+from danube_core.keys import REGISTER_PREFIX, register_key
 from danube_core.metadata import EtcdMetadataStore
 from tests.rig import eventually
 
@@ -56,8 +57,14 @@ class BrokerProcess:
     """One `python -m broker` subprocess; `start()` returns once it is registered in etcd.
 
     A second object with the same `name` and `port` is the same broker restarted: same config
-    file and WAL directory (a new process, hence a new broker id).
+    file and WAL directory (a new process; a new broker id unless it resumed its registration).
+
+    `stop()` of a killed broker waits until its registration has expired, unless a restarted
+    process holds it: a later test's leader would otherwise place topics on the dead broker
+    during the rest of its lease, and that test's clients would be sent to a closed port.
     """
+
+    running: list["BrokerProcess"] = []  # started and not stopped or killed, in this test process
 
     def __init__(self, etcd_endpoint: str, workdir: Path, name: str, cloud_root: str, port: int | None = None,
                  etcd_client: dict | None = None, env: dict | None = None, **overrides: dict) -> None:
@@ -84,6 +91,7 @@ class BrokerProcess:
             cwd=self.workdir, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
         self.broker_id = eventually(self._registered_id, deadline_s, 0.1)
+        BrokerProcess.running.append(self)
         return self
 
     def _registered_id(self) -> int | None:
@@ -100,7 +108,10 @@ class BrokerProcess:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM (topics handed over), then SIGKILL if it does not exit in time."""
+        if self in BrokerProcess.running:
+            BrokerProcess.running.remove(self)
         if self.process is None or self.process.poll() is not None:
+            self._wait_registration_gone()
             return
         self.process.send_signal(signal.SIGTERM)
         try:
@@ -112,10 +123,22 @@ class BrokerProcess:
 
     def kill(self) -> None:
         """kill -9: no handover, registration left to expire."""
+        if self in BrokerProcess.running:
+            BrokerProcess.running.remove(self)
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
             self._log.close()
+
+    def _wait_registration_gone(self, deadline_s: float = 30.0) -> None:
+        if self.broker_id is None or any(p.broker_id == self.broker_id for p in BrokerProcess.running):
+            return
+        key = register_key(self.broker_id)
+        try:
+            with EtcdMetadataStore(self.etcd_endpoint, **self.etcd_client) as store:
+                eventually(lambda: store.get(key) is None, deadline_s, 0.1)
+        except DanubeError:
+            pass  # etcd itself is down (a fault test): nothing can be placed on the dead broker
 
 
 def run_admin(etcd_endpoint: str, *args: str) -> list[dict]:

@@ -119,6 +119,19 @@ class MetadataStoreContract:
         assert store.compare_and_put(prefix + "missing", b"1", b"x") is False
         assert store.get(prefix + "missing") is None
 
+    def test_guarded_put_writes_only_while_the_guard_key_holds_its_value(self, store: MetadataStore, prefix: str):
+        guard, key = prefix + "lock", prefix + "cursor"
+        lease = store.grant_lease(5)
+        store.put(guard, b"mine", lease=lease)
+        assert store.guarded_put(key, None, b"1", guard=(guard, b"theirs")) is None
+        assert store.guarded_put(key, None, b"1", guard=(guard, b"mine")) is not None
+        assert store.guarded_put(key, b"0", b"2", guard=(guard, b"mine")) is None
+        assert store.guarded_put(guard, b"mine", b"mine+", guard=(guard, b"mine"), lease=lease) is not None
+        lease.revoke()  # the guard went with its lease: nothing passes any more
+        assert store.get(guard) is None
+        assert store.guarded_put(key, b"1", b"2", guard=(guard, b"mine+")) is None
+        assert store.get(key) == b"1"
+
     def test_writes_return_their_revision_and_range_at_reads_at_one(self, store: MetadataStore, prefix: str):
         first = store.put(prefix + "a", b"1")
         second = store.put(prefix + "a", b"2")

@@ -87,8 +87,9 @@ def test_a_stream_makes_no_etcd_range_reads_after_its_first_trigger(env, monkeyp
         since = {m: calls.get(m, 0) - after_first.get(m, 0) for m in set(calls) | set(after_first)}
         assert [since.get(m, 0) for m in ("get_prefix", "get_range", "range_at")] == [0, 0, 0]
         assert after_first.get("range_at", 0) == len(catalog_prefixes(env["options"]["rootPrefix"]))
-        # Writes go on reaching etcd: each trigger's cursor commit, compared against the cache.
-        assert since.get("get", 0) == 0 and since["compare_and_put_revision"] == TRIGGERS - 1
+        # Writes go on reaching etcd: each trigger's cursor commit, compared against the cache
+        # and (in the same transaction) against the subscription lock this process holds.
+        assert since.get("get", 0) == 0 and since["guarded_put"] == TRIGGERS - 1
         assert read == list(range(len(read)))  # contiguous from 0: nothing skipped or repeated
         assert len(read) >= 20 * (TRIGGERS - 1)  # at most the last trigger's append not yet seen
         early, late = statistics.median(planning_s[1:21]), statistics.median(planning_s[-20:])
@@ -120,7 +121,7 @@ def test_a_trigger_sends_etcd_only_its_cursor_commit(env, monkeypatch):
         reader.partitions(end, end2)
         reader.commit(end2)
         delta = {m: n - before.get(m, 0) for m, n in counted[0].calls.items() if n != before.get(m, 0)}
-        assert delta == {"compare_and_put_revision": 1}, delta
+        assert delta == {"guarded_put": 1}, delta
     finally:
         reader.stop()
 

@@ -337,3 +337,44 @@ def test_topic_history_reconciles_every_version_and_a_time_window(rig: Rig, spar
     assert compare["quarantine"]["rows"] == len(in_window & bad)
     assert shown(run, 3) == []
     assert len(run.display.figures()) == 1
+
+
+# ---- the speed layer next to Spark -----------------------------------------------------------
+
+
+def test_speed_layer_notebook_admits_a_table_and_answers_like_spark(spark, tmp_path_factory) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from tests.rig import eventually
+    from tests.speedlayer.cluster import SpeedLayerCluster
+
+    root = tmp_path_factory.mktemp("speedlayer-notebook")
+    path = str(root / "orders")
+    currencies = ["EUR", "USD", "GBP"]
+    orders = pa.table({"order_id": [f"o-{i:04d}" for i in range(600)],
+                       "amount": [float(i % 50) for i in range(600)],
+                       "currency": [currencies[i % 3] for i in range(600)]})
+    write_deltalake(path, orders)
+    cluster = SpeedLayerCluster(root / "cluster")
+    try:
+        cluster.start_master("m1")
+        cluster.start_worker("demo", "w1")
+        gateway = cluster.start_gateway()
+        client = cluster.client()
+        eventually(lambda: len(client.workers("demo").workers) == 1, deadline_s=60)
+        run = run_notebook(NOTEBOOKS / "05_speed_layer_query.py", spark, {
+            "gateway": gateway, "masters": ",".join(cluster.master_addresses), "table_path": path, "runs": "3"})
+    finally:
+        cluster.stop()
+    admitted = shown(run, 0)[0]
+    assert admitted["status"] == "ASSIGNED" and admitted["ready_on"] == "w1"
+    expected = [{"currency": c, "orders": 200, "amount": float(sum(i % 50 for i in range(600) if i % 3 == k))}
+                for k, c in sorted(enumerate(currencies), key=lambda kc: kc[1])]
+    assert shown(run, 1) == expected  # through the gateway
+    assert shown(run, 2) == expected  # Spark on the table's files
+    assert shown(run, 3) == [{"same_answer": True, "rows": 3}]
+    latency = {r["engine"]: r for r in shown(run, 4)}
+    assert set(latency) == {"speed layer (gateway)", "Spark uncached", "Spark cached"}
+    assert all(r["runs"] == 3 and r["p50_ms"] > 0 for r in latency.values())
+    assert len(run.display.figures()) == 1

@@ -179,3 +179,78 @@ def test_second_live_query_on_a_subscription_is_refused(spark, danube_env: Danub
         assert first.isActive
     finally:
         first.stop()
+
+
+def test_a_query_that_lost_its_lock_stops_and_leaves_the_new_owners_cursor(spark, danube_env: DanubeEnv, unique_name,
+                                                                            tmp_path) -> None:
+    """The lock's etcd lease revoked mid-query and the subscription taken over by another
+    owner: the query stops with an error naming the subscription, and the batch it read after
+    the loss moves no cursor (the new owner's stays where it was)."""
+    import pyetcd
+
+    from connectors.subscription_lock import SubscriptionLock
+
+    name, sub = f"/default/{unique_name('lease')}", unique_name("sub")
+    topic = danube_env.topic(name)
+    topic.append(5)
+    query = (stream(spark, danube_env, topic=name, subscription=sub).writeStream.format("noop")
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(processingTime="500 milliseconds").start())
+    other = None
+    try:
+        eventually(lambda: cursor(danube_env, name, sub) == 4, 120)
+        lock_key = keys.subscription_lock_key("/danube-data", sub)
+        lease = load_json(danube_env.metadata.get(lock_key), lock_key)["lease"]
+        host, port = danube_env.options["etcd.endpoints"].rsplit(":", 1)
+        client = pyetcd.client(host=host, port=int(port))
+        try:
+            client.revoke_lease(int(lease, 16))
+        finally:
+            client.close()
+        other = SubscriptionLock(danube_env.metadata, "/danube-data", sub)  # another query takes over
+        topic.append(5)  # the stopped owner's next batch would move the cursor to 9
+        with pytest.raises(Exception, match=f"subscription '{sub}': lost the subscription lock"):
+            query.awaitTermination(120)
+        assert cursor(danube_env, name, sub) == 4
+    finally:
+        query.stop()
+        if other is not None:
+            other.release()
+
+
+def test_offsets_skipped_on_executors_are_counted_in_query_progress(spark, danube_env: DanubeEnv, unique_name,
+                                                                    tmp_path) -> None:
+    """An object deleted under the stream (after etcd described it): the executor reading it
+    skips its offsets (failOnDataLoss=false) and records them under lostOffsetsLocation; the
+    driver counts them in `skippedOffsets` of the next batch's progress and deletes the record."""
+    name, sub = f"/default/{unique_name('lossy')}", unique_name("sub")
+    topic = danube_env.topic(name)
+    topic.append(10)
+    topic.upload()
+    topic.append(7)
+    doomed = topic.upload()  # offsets 10..16
+    assert doomed is not None
+    danube_env.store.delete(topic.object_url(doomed))
+    lost_dir = tmp_path / "lost"
+    query = (stream(spark, danube_env, topic=name, subscription=sub, startingOffsets="earliest",
+                    failOnDataLoss="false", lostOffsetsLocation=str(lost_dir))
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "chk"))
+             .trigger(processingTime="500 milliseconds").start())
+    try:
+        eventually(lambda: sum(p.numInputRows for p in query.recentProgress) == 10, 120)
+        assert not any("skippedOffsets" in offset_json(p.sources[0].latestOffset) for p in query.recentProgress)
+        topic.append(3)
+        topic.upload()  # a next batch, whose progress reports what the last one skipped
+
+        def reported() -> dict | None:
+            for progress in query.recentProgress:
+                skipped = offset_json(progress.sources[0].latestOffset).get("skippedOffsets")
+                if skipped:
+                    return skipped
+            return None
+
+        assert eventually(reported, 120) == {name: 7}
+        assert eventually(lambda: sum(p.numInputRows for p in query.recentProgress) == 13, 120)
+        assert not list(lost_dir.glob("*.json"))  # folded once, then deleted
+        assert query.exception() is None
+    finally:
+        query.stop()

@@ -57,7 +57,8 @@ class RestartableEtcd:
 
 class SpeedLayerCluster:
     def __init__(self, root: Path, *, election_ttl_s: int = 2, heartbeat_s: int = 1,
-                 reassign_delay_s: float = 1.0, strategy: str = "rendezvous") -> None:
+                 reassign_delay_s: float = 1.0, strategy: str = "rendezvous",
+                 delta_storage_options: dict[str, str] | None = None) -> None:
         self.root = root
         self.etcd = RestartableEtcd(root / "etcd")
         self.keys = SpeedLayerKeys()
@@ -65,10 +66,12 @@ class SpeedLayerCluster:
         self.config_path.write_text(json.dumps({
             "etcd": {"endpoints": self.etcd.endpoint},
             "master": {"election_ttl_seconds": election_ttl_s, "heartbeat_interval_seconds": heartbeat_s},
+            "sources": {"delta": {"storage_options": delta_storage_options or {}}},
         }))
         self.masters: dict[str, tuple[subprocess.Popen, int]] = {}
         self._ports: dict[str, int] = {}
         self.workers: dict[str, subprocess.Popen] = {}
+        self.gateways: dict[str, tuple[subprocess.Popen, int]] = {}
         self.metadata = EtcdMetadataStore(self.etcd.endpoint)
         self.set_global(GlobalConfig(reassign_delay_s=reassign_delay_s, strategy=strategy))
         self._clients: list[ManagementClient] = []
@@ -107,11 +110,13 @@ class SpeedLayerCluster:
         """Every master this cluster ever started (a killed one may come back on its port)."""
         return [f"127.0.0.1:{port}" for port in self._ports.values()]
 
-    def start_worker(self, tenant: str, worker_id: str, memory_mb: int = 1024) -> subprocess.Popen:
+    def start_worker(self, tenant: str, worker_id: str, memory_mb: int = 1024,
+                     storage_options: dict[str, dict] | None = None) -> subprocess.Popen:
         log = open(self.root / f"worker-{tenant}-{worker_id}.log", "ab")
         process = subprocess.Popen(
             [sys.executable, "-m", "speedlayer", "worker", "--tenant", tenant, "--id", worker_id,
-             "--masters", ",".join(self.master_addresses), "--memory-mb", str(memory_mb), "--threads", "1"],
+             "--masters", ",".join(self.master_addresses), "--memory-mb", str(memory_mb), "--threads", "1",
+             "--storage-options", json.dumps(storage_options or {})],
             stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=self.root)
         self.workers[f"{tenant}/{worker_id}"] = process
         return process
@@ -128,6 +133,18 @@ class SpeedLayerCluster:
         thread.start()
         self._local.append((agent, thread))
         return agent
+    def start_gateway(self, gateway_id: str = "g1", extra: dict | None = None) -> str:
+        """Start a Data Gateway process; returns its host:port."""
+        port = free_port()
+        config = self.root / f"gateway-{gateway_id}.yaml"
+        config.write_text(json.dumps({"etcd": {"endpoints": self.etcd.endpoint},
+                                      "gateway": {"port": port, **(extra or {})}}))
+        log = open(self.root / f"gateway-{gateway_id}.log", "ab")
+        process = subprocess.Popen([sys.executable, "-m", "speedlayer", "gateway", "--config", str(config)],
+                                   stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=self.root)
+        self.gateways[gateway_id] = (process, port)
+        wait_for_port(port)
+        return f"127.0.0.1:{port}"
 
     def client(self, deadline_s: float = 30.0) -> ManagementClient:
         client = ManagementClient(self.master_addresses, deadline_s=deadline_s)
@@ -148,6 +165,13 @@ class SpeedLayerCluster:
         process.send_signal(sig)
         process.wait(10)
 
+    def audit_events(self, kind: str) -> list[dict]:
+        """The audit trail's events of `kind`, from every master's JSON lines file (cwd = root)."""
+        events = []
+        for path in sorted(self.root.glob("speedlayer-audit-*.jsonl")):
+            events += [e for e in map(json.loads, path.read_text().splitlines()) if e.get("kind") == kind]
+        return events
+
     def dump_logs(self) -> str:
         parts = []
         for path in sorted(self.root.glob("**/*.log")):
@@ -161,7 +185,8 @@ class SpeedLayerCluster:
         for agent, thread in self._local:
             agent.stop()
             thread.join(10)
-        processes = [p for p, _ in self.masters.values()] + list(self.workers.values())
+        processes = ([p for p, _ in self.masters.values()] + list(self.workers.values())
+                     + [p for p, _ in self.gateways.values()])
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGCONT)
@@ -173,6 +198,7 @@ class SpeedLayerCluster:
                 process.kill()
         self.masters.clear()
         self.workers.clear()
+        self.gateways.clear()
         self.metadata.close()
         self.etcd.stop()
 

@@ -2,7 +2,7 @@
 
 A real master process and a real etcd; one worker runs in the test process so that the epoch
 its queries see (`WorkerAgent.served`) and the rows behind it can be read from its DuckDB
-directly while epochs are swapped.
+directly (pinning the served epoch as a query does) while epochs are swapped.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from speedlayer.client import delta_request
+from speedlayer.errors import NotFoundError
 from speedlayer.records import EVICTED, AssignmentRecord, GlobalConfig, TenantConfig
 from speedlayer.worker.loader import quote
 from tests.rig import eventually
@@ -38,11 +39,13 @@ def records(cluster, dataset: str = "orders") -> list[AssignmentRecord]:
 def served_rows(agent, dataset: str = "orders", key: str = "id") -> tuple[str, int, int] | None:
     """(epoch, source version, rows) of what the worker's queries of `dataset` see now; every
     row must be there once (`key` is unique)."""
-    served = agent.served.get(dataset)
-    if served is None:
+    try:
+        pin = agent.served.pin(dataset)  # as a query does: one epoch, held while it is read
+    except NotFoundError:
         return None
-    count = agent.loader.cursor().execute(
-        f"SELECT count(*), count(DISTINCT {quote(key)}) FROM {quote(served.relation)}").fetchone()
+    with pin as served:
+        count = agent.loader.cursor().execute(
+            f"SELECT count(*), count(DISTINCT {quote(key)}) FROM {quote(served.table)}").fetchone()
     assert count[0] == count[1], f"epoch {served.epoch} shows {count[0]} rows, {count[1]} distinct"
     return served.epoch, served.version, count[0]
 

@@ -53,29 +53,6 @@ def test_spark_written_delta_table_loads_with_typed_partitions(spark, tmp_path):
     assert ours[5].replace(tzinfo=None) == theirs[5].replace(tzinfo=None) or ours[5] == theirs[5]
 
 
-@pytest.fixture(scope="module")
-def moto_process():
-    """moto's S3 server in a process of its own: delta-rs holds the GIL in some calls (e.g.
-    `history`), which would deadlock against the session's in-process (threaded) moto server."""
-    import subprocess
-    import sys
-
-    from broker.embedded_etcd import free_port, wait_for_port
-    from tests.conftest import MotoS3Server
-
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port(port)
-        server = MotoS3Server.__new__(MotoS3Server)  # its storage options and create_bucket, our process
-        server.port, server.endpoint_url = port, f"http://127.0.0.1:{port}"
-        yield server
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
 @pytest.mark.integration
 def test_delta_table_on_s3_loads_through_fsspec(moto_process, unique_name):
     from deltalake import write_deltalake

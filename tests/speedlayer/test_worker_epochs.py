@@ -10,6 +10,7 @@ import pytest
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.catalog.delta import DeltaConnector
 from speedlayer.catalog.delta_changes import classify, incremental_source
+from speedlayer.errors import NotFoundError
 from speedlayer.worker.agent import HeldEpoch, WorkerAgent, WorkerConfig
 from speedlayer.worker.loader import quote
 
@@ -38,8 +39,8 @@ def load(agent: WorkerAgent, event: cp.DataAssignmentEvent) -> None:
 
 
 def rows(agent: WorkerAgent) -> tuple[str, int]:
-    served = agent.served.get("orders")
-    return served.epoch, agent.loader.cursor().execute(f"SELECT count(*) FROM {quote(served.relation)}").fetchone()[0]
+    with agent.served.pin("orders") as served:
+        return served.epoch, agent.loader.cursor().execute(f"SELECT count(*) FROM {quote(served.table)}").fetchone()[0]
 
 
 def test_increments_share_their_base_and_drops_free_only_unshared_tables(tmp_path):
@@ -69,9 +70,24 @@ def test_increments_share_their_base_and_drops_free_only_unshared_tables(tmp_pat
     assert rows(fresh) == ("v1", 110) and fresh.tables.parts_held() == {"orders__v1": 1}
 
     agent._unassigned(cp.DataUnassignmentEvent(dataset_id="orders", epoch_id="v1"))
-    assert agent.served.get("orders") is None and agent.tables.parts_held() == {}
+    with pytest.raises(NotFoundError):
+        agent.served.resolve("orders")
+    assert agent.tables.parts_held() == {}
     tables = agent.loader.cursor().execute("SELECT count(*) FROM duckdb_tables() WHERE NOT temporary").fetchone()[0]
     assert tables == 0
+
+
+def test_a_retired_epoch_pinned_by_a_query_keeps_its_tables_until_the_query_ends(tmp_path):
+    path = str(tmp_path / "t")
+    write(path, 0, 5)
+    v0 = DeltaConnector().resolve_uri(path, None, [])
+    agent = WorkerAgent(WorkerConfig(tenant="acme", worker_id="w1", masters=["127.0.0.1:1"], memory_bytes=256 << 20))
+    load(agent, plan_for(v0, "v0"))
+    pin = agent.served.pin("orders")
+    agent._unassigned(cp.DataUnassignmentEvent(dataset_id="orders", epoch_id="v0"))
+    assert agent.tables.parts_held() == {"orders__v0": 1}  # the query still reads it
+    pin.release()
+    assert agent.tables.parts_held() == {}
 
 
 def test_an_older_epoch_arriving_late_does_not_take_the_served_place(tmp_path):

@@ -207,6 +207,12 @@ def test_batch_refuses_trigger_limits_and_cursor_without_subscription() -> None:
     parse(startingOffsets="cursor", subscription="s").require_batch()
 
 
+def test_lost_offsets_location_is_for_streams_only() -> None:
+    assert parse(subscription="s", lostOffsetsLocation="/chk/lost").lost_offsets_location == "/chk/lost"
+    with pytest.raises(ValueError, match="'lostOffsetsLocation' is only valid for streaming"):
+        parse(lostOffsetsLocation="/chk/lost").require_batch()
+
+
 def test_password_stays_out_of_repr_and_options_pickle() -> None:
     opts = parse(**{"etcd.user": "root", "etcd.password": "hunter2"})
     assert opts.etcd.password == "hunter2"

@@ -1,0 +1,202 @@
+"""The gateway's routing table (seed: "Assignment Cache · etcd Watchers · Routing Tables").
+
+Two `LocalCache`s, kept current by etcd watches, hold `/assignments/` and `/workers/`; routing
+reads only them, so the gateway keeps answering while every master is down (and, with what it
+last saw, while etcd is unreachable). A query goes to:
+
+* the epoch it names, or else the newest epoch of the dataset (highest table version, then
+  epoch id) that has a READY replica on a live worker. A replica still loading is never
+  chosen; a replica that is `leaving` (make-before-break move) still is, until it is dropped;
+* its READY replicas, ordered by rendezvous hash of (client id, worker), so a client keeps to
+  the same replica (warm caches) and clients spread over the replicas; a replica whose worker
+  has no live `/workers` key, or that failed recently, goes last.
+
+A worker's key lives by a lease its master keeps alive; with every master down all those keys
+expire although the workers still serve. So the gateway remembers each worker's last
+registered address and still routes to replicas of workers it cannot see as live (after the
+live ones): a worker that is really gone is then skipped after one refused connection, and
+once a master is back it moves the epochs and updates the records.
+
+Choosing the epoch and ordering replicas are pure functions, tested without etcd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from danube_core.errors import MetadataError
+from danube_core.local_cache import LocalCache
+from danube_core.metadata import MetadataStore, WatchEvent
+
+from speedlayer.errors import NotFoundError, ReplicaUnavailableError, TenantIsolationError
+from speedlayer.keys import SpeedLayerKeys
+from speedlayer.records import FAILED, R_READY, AssignmentRecord, WorkerRecord
+
+logger = logging.getLogger(__name__)
+
+SUSPECT_S = 3.0  # a replica that failed is tried last for this long
+
+
+@dataclass(frozen=True)
+class Replica:
+    worker: str
+    address: str
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one query goes: an epoch and its reachable READY replicas, in the order to try."""
+
+    tenant: str
+    dataset: str
+    epoch: str
+    version: int
+    replicas: tuple[Replica, ...]
+
+
+def servable(record: AssignmentRecord, addresses: dict[str, str]) -> list[Replica]:
+    """The epoch's READY replicas whose worker's query address is known."""
+    if record.status == FAILED:
+        return []
+    return [Replica(w, addresses[w]) for w, r in sorted(record.replicas.items())
+            if r.state == R_READY and addresses.get(w)]
+
+
+def choose_epoch(records: list[AssignmentRecord], addresses: dict[str, str],
+                 epoch: str | None = None) -> tuple[AssignmentRecord, list[Replica]] | None:
+    """The named epoch, or the newest one with a servable replica; None if there is none."""
+    if epoch:
+        for record in records:
+            if record.epoch == epoch:
+                return record, servable(record, addresses)
+        return None
+    for record in sorted(records, key=lambda r: (r.version, r.epoch), reverse=True):
+        replicas = servable(record, addresses)
+        if replicas:
+            return record, replicas
+    return None
+
+
+def order_replicas(replicas: list[Replica], client_id: str, avoid: frozenset[str] = frozenset()) -> list[Replica]:
+    """Rendezvous order for `client_id`: stable per client, spread across clients; `avoid` last."""
+    def score(replica: Replica) -> tuple[bool, bytes]:
+        digest = hashlib.blake2b(f"{client_id}\0{replica.worker}".encode(), digest_size=8).digest()
+        return (replica.worker in avoid, bytes(255 - b for b in digest))
+
+    return sorted(replicas, key=score)
+
+
+class RoutingTable:
+    """Routes from the gateway's caches of `/assignments/` and `/workers/`."""
+
+    def __init__(self, store: MetadataStore, keys: SpeedLayerKeys) -> None:
+        self._keys = keys
+        self._assignments = LocalCache(store, [keys.assignments_prefix], name="gateway-assignments")
+        self._workers = LocalCache(store, [keys.workers_prefix], name="gateway-workers")
+        self._parsed: dict[str, tuple[bytes, AssignmentRecord]] = {}
+        self._suspects: dict[str, float] = {}
+        self._known: dict[tuple[str, str], str] = {}  # (tenant, worker) -> last registered address
+        self._lock = threading.Lock()
+
+    def start(self) -> "RoutingTable":
+        self._assignments.start()
+        self._workers.start()
+        self._workers.subscribe(self._keys.workers_prefix, self._worker_event)
+        # Evicted epochs' parsed records go with their keys (a new epoch per commit adds up).
+        self._assignments.subscribe(self._keys.assignments_prefix,
+                                    lambda event: event.kind == "delete" and self._parsed.pop(event.key, None))
+        for key, raw in self._workers.get_prefix(self._keys.workers_prefix):
+            self._worker_event(WatchEvent("put", key, raw))
+        return self
+
+    def _worker_event(self, event: WatchEvent) -> None:
+        if event.kind != "put" or event.value is None:
+            return
+        try:
+            address = WorkerRecord.from_json(event.value, event.key).address
+        except MetadataError as exc:
+            logger.warning("ignoring %s", exc)
+            return
+        if address:
+            with self._lock:
+                self._known[self._keys.parse_worker(event.key)] = address
+
+    def close(self) -> None:
+        self._assignments.close()
+        self._workers.close()
+
+    @property
+    def synced(self) -> bool:
+        return self._assignments.synced and self._workers.synced
+
+    def suspect(self, worker: str) -> None:
+        """A call to `worker` failed: try its replicas last for a while."""
+        with self._lock:
+            self._suspects[worker] = time.monotonic() + SUSPECT_S
+
+    def _current_suspects(self) -> frozenset[str]:
+        now = time.monotonic()
+        with self._lock:
+            for worker in [w for w, until in self._suspects.items() if until <= now]:
+                del self._suspects[worker]
+            return frozenset(self._suspects)
+
+    def live_workers(self, tenant: str) -> set[str]:
+        """The tenant's workers whose `/workers` key (lease) is alive."""
+        prefix = self._keys.tenant_workers_prefix(tenant)
+        return {key[len(prefix):] for key, _ in self._workers.get_prefix(prefix, keys_only=True)}
+
+    def addresses(self, tenant: str) -> dict[str, str]:
+        """{worker: last registered query address} of every worker of the tenant ever seen."""
+        with self._lock:
+            return {w: a for (t, w), a in self._known.items() if t == tenant}
+
+    def records(self, tenant: str, dataset: str) -> list[AssignmentRecord]:
+        records = []
+        for key, raw in self._assignments.get_prefix(self._keys.dataset_assignments_prefix(tenant, dataset)):
+            cached = self._parsed.get(key)
+            if cached is None or cached[0] is not raw:
+                try:
+                    cached = (raw, AssignmentRecord.from_json(raw, key))
+                except MetadataError as exc:
+                    logger.warning("ignoring %s", exc)
+                    continue
+                self._parsed[key] = cached
+            records.append(cached[1])
+        return records
+
+    def route(self, tenant: str, dataset: str, client_id: str, epoch: str | None = None) -> Route:
+        records = self.records(tenant, dataset)
+        if not records:
+            self._refuse_missing(tenant, dataset)
+        addresses = self.addresses(tenant)
+        chosen = choose_epoch(records, addresses, epoch)
+        if chosen is None:
+            if epoch:
+                raise NotFoundError(f"dataset {dataset!r} of tenant {tenant!r} has no epoch {epoch!r}")
+            states = {r.epoch: sorted({x.state for x in r.replicas.values()}) for r in records}
+            raise ReplicaUnavailableError(f"dataset {dataset!r} of tenant {tenant!r} has no READY replica yet "
+                                          f"(epochs: {states})")
+        record, replicas = chosen
+        if not replicas:
+            raise ReplicaUnavailableError(f"dataset {dataset!r} epoch {record.epoch} has no READY replica")
+        live = self.live_workers(tenant)
+        avoid = self._current_suspects() | frozenset(r.worker for r in replicas if r.worker not in live)
+        ordered = order_replicas(replicas, client_id, avoid)
+        return Route(tenant, dataset, record.epoch, record.version, tuple(ordered))
+
+    def _refuse_missing(self, tenant: str, dataset: str) -> None:
+        owners = set()
+        for key, _ in self._assignments.get_prefix(self._keys.assignments_prefix, keys_only=True):
+            parts = key[len(self._keys.assignments_prefix):].split("/")
+            if len(parts) == 3 and parts[1] == dataset:
+                owners.add(parts[0])
+        owners.discard(tenant)
+        if owners:
+            raise TenantIsolationError(f"tenant {tenant!r} may not query dataset {dataset!r}: it is not one of "
+                                       f"the tenant's datasets")
+        raise NotFoundError(f"dataset {dataset!r} of tenant {tenant!r} is not admitted to the speed layer")

@@ -1,0 +1,94 @@
+"""`QueryClient` and `query()`: SQL on a speed layer dataset through the Data Gateway.
+
+    from speedlayer.client import query
+    table = query("127.0.0.1:7800", "acme", "orders", "SELECT day, sum(amount) FROM orders GROUP BY day")
+    frame = table.to_pandas()
+
+The SQL names the dataset as a table (`FROM orders`). The answer comes from the newest READY
+epoch (or `epoch=`), whole: never half of one. Failures raise the speed layer's errors
+(`speedlayer.errors`): `InvalidQueryError` (bad SQL, naming the dataset), `NotFoundError`,
+`TenantIsolationError` (another tenant's dataset), `UnauthenticatedError`,
+`ResultTooLargeError`, `QueryTimeoutError`, `ReplicaUnavailableError` (retriable).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from speedlayer.errors import SpeedLayerError
+from speedlayer.query.protocol import (
+    AUTH_HEADER, CLIENT_HEADER, TENANT_HEADER, QueryRequest, from_flight,
+)
+
+# The call's gRPC deadline is the query's plus this, so the server's clearer timeout arrives first.
+DEADLINE_SLACK_S = 2.0
+
+
+def location(address: str) -> str:
+    """A Flight location from `host:port` (or an explicit grpc:// URL)."""
+    return address if "://" in address else f"grpc://{address}"
+
+
+def call_options(tenant: str, *, token: str | None = None, client_id: str | None = None,
+                 timeout_s: float | None = None) -> flight.FlightCallOptions:
+    headers = [(TENANT_HEADER.encode(), tenant.encode())]
+    if token:
+        headers.append((AUTH_HEADER.encode(), f"Bearer {token}".encode()))
+    if client_id:
+        headers.append((CLIENT_HEADER.encode(), client_id.encode()))
+    return flight.FlightCallOptions(headers=headers, timeout=timeout_s)
+
+
+def read_query(client: flight.FlightClient, request: QueryRequest, options: flight.FlightCallOptions) -> pa.Table:
+    """Run one DoGet and read its whole result; Flight failures become speed layer errors."""
+    try:
+        return client.do_get(flight.Ticket(request.to_ticket()), options=options).read_all()
+    except (flight.FlightError, pa.ArrowException) as exc:
+        raise from_flight(exc) from exc
+
+
+class QueryClient:
+    """One connection to a gateway for `tenant`; `client_id` (default: random per client)
+    keeps this client on the same replica of each dataset, for warm caches."""
+
+    def __init__(self, gateway: str, tenant: str, *, token: str | None = None, client_id: str | None = None,
+                 timeout_ms: int = 30_000) -> None:
+        if not tenant:
+            raise ValueError("tenant: required")
+        if timeout_ms < 1:
+            raise ValueError(f"timeout_ms={timeout_ms}: expected >= 1")
+        self.gateway, self.tenant, self.token = gateway, tenant, token
+        self.client_id = client_id or uuid.uuid4().hex
+        self.timeout_ms = timeout_ms
+        self._client = flight.connect(location(gateway))
+
+    def query(self, dataset: str, sql: str, *, epoch: str = "", max_rows: int = 0, max_bytes: int = 0,
+              timeout_ms: int | None = None) -> pa.Table:
+        timeout_ms = timeout_ms or self.timeout_ms
+        request = QueryRequest(dataset=dataset, sql=sql, epoch=epoch, max_rows=max_rows, max_bytes=max_bytes,
+                               timeout_ms=timeout_ms)
+        options = call_options(self.tenant, token=self.token, client_id=self.client_id,
+                               timeout_s=timeout_ms / 1000 + DEADLINE_SLACK_S)
+        return read_query(self._client, request, options)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "QueryClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def query(gateway: str, tenant: str, dataset: str, sql: str, **kwargs) -> pa.Table:
+    """One query on a fresh connection; keyword arguments as `QueryClient` and `QueryClient.query`."""
+    client_kwargs = {k: kwargs.pop(k) for k in ("token", "client_id") if k in kwargs}
+    with QueryClient(gateway, tenant, **client_kwargs) as client:
+        return client.query(dataset, sql, **kwargs)
+
+
+__all__ = ["QueryClient", "query", "SpeedLayerError"]

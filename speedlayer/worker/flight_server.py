@@ -1,0 +1,224 @@
+"""The worker's query surface (seed: "Query Surface"): SQL over the epochs it serves, over Flight.
+
+One `DoGet` per query (`speedlayer.query.protocol`). The query pins one published epoch
+(`ServedDatasets.pin`) and runs on its own DuckDB cursor, on which a TEMP VIEW named after
+the dataset is bound to that epoch's table: the SQL says `FROM orders` and reads exactly one
+complete epoch, whatever the freshness work publishes meanwhile. Only a single SELECT (or
+WITH ... SELECT) statement that reads nothing but its dataset is run (`sql_guard`).
+
+Results stream as Arrow record batches. The first batch is computed before the call returns,
+so that errors (bad SQL, a deadline) reach the caller before any data and a gateway can
+still retry elsewhere; a result passing its row or byte limit fails mid-stream with
+`ResultTooLargeError`. A watchdog thread interrupts DuckDB when a query's deadline passes or
+its caller cancels. The worker serves one tenant: a call naming another is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from speedlayer.errors import (
+    InvalidQueryError, QueryCancelledError, QueryTimeoutError, ResultTooLargeError, SpeedLayerError,
+    TenantIsolationError, UnauthenticatedError,
+)
+from speedlayer.query.protocol import (
+    HEADERS_MIDDLEWARE, TENANT_HEADER, HeadersMiddlewareFactory, QueryLimits, QueryRequest, batch_bytes,
+    call_headers, to_flight,
+)
+from speedlayer.worker.loader import quote
+from speedlayer.worker.serving import EpochPin, ServedDatasets
+from speedlayer.worker.sql_guard import check_query
+
+logger = logging.getLogger(__name__)
+
+BATCH_ROWS = 64 * 1024
+WATCHDOG_INTERVAL_S = 0.02
+
+
+@dataclass
+class _Running:
+    cursor: object
+    deadline: float
+    # Only while `do_get` runs: a call's context must not be touched once the call may have
+    # ended (it is freed with the call), so it is detached before `do_get` returns.
+    context: flight.ServerCallContext | None
+    reason: str = ""  # "timeout" or "cancelled" once interrupted
+
+
+@dataclass
+class QueryWatchdog:
+    """Interrupts running queries past their deadline or whose caller has gone."""
+
+    interval_s: float = WATCHDOG_INTERVAL_S
+    _running: dict[int, _Running] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="query-watchdog", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def watch(self, running: _Running) -> int:
+        with self._lock:
+            token = id(running)
+            self._running[token] = running
+            return token
+
+    def unwatch(self, token: int) -> None:
+        with self._lock:
+            self._running.pop(token, None)
+
+    def detach_context(self, token: int) -> None:
+        with self._lock:
+            running = self._running.get(token)
+            if running is not None:
+                running.context = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            # Checked under the lock: unwatch/detach (before the call ends) wait for it.
+            with self._lock:
+                for query in self._running.values():
+                    if not query.reason:
+                        self._check(query, now)
+
+    @staticmethod
+    def _check(query: _Running, now: float) -> None:
+        if now >= query.deadline:
+            query.reason = "timeout"
+        elif query.context is not None and query.context.is_cancelled():
+            query.reason = "cancelled"
+        else:
+            return
+        try:
+            query.cursor.interrupt()
+        except Exception:  # the query may have just finished
+            logger.debug("interrupt failed", exc_info=True)
+
+
+class WorkerFlightServer(flight.FlightServerBase):
+    """Serves `served`'s epochs to callers of tenant `tenant`; `cursor()` opens a DuckDB cursor."""
+
+    def __init__(self, location: str, *, tenant: str, served: ServedDatasets, cursor: Callable[[], object],
+                 limits: QueryLimits | None = None) -> None:
+        super().__init__(location, middleware={HEADERS_MIDDLEWARE: HeadersMiddlewareFactory()})
+        self.tenant = tenant
+        self.served = served
+        self._cursor = cursor
+        self.limits = limits or QueryLimits()
+        self.watchdog = QueryWatchdog()
+        self.watchdog.start()
+
+    def shutdown(self) -> None:
+        self.watchdog.stop()
+        super().shutdown()
+
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
+        try:
+            request = QueryRequest.from_ticket(ticket.ticket)
+            self._check_tenant(call_headers(context).get(TENANT_HEADER, ""))
+            schema, batches = self.execute(request, context)
+        except SpeedLayerError as exc:
+            raise to_flight(exc) from exc
+        return flight.GeneratorStream(schema, batches)
+
+    def _check_tenant(self, tenant: str) -> None:
+        if not tenant:
+            raise UnauthenticatedError(f"missing the {TENANT_HEADER} header")
+        if tenant != self.tenant:
+            raise TenantIsolationError(f"tenant {tenant!r} may not query this worker's datasets")
+
+    def execute(self, request: QueryRequest, context: flight.ServerCallContext
+                ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """Bind, plan and compute the first batch; the rest streams from the returned iterator."""
+        check_query(request.sql, request.dataset)
+        limits = self.limits.effective(request)
+        pin = self.served.pin(request.dataset, request.epoch or None)
+        cursor = self._cursor()
+        running = _Running(cursor, time.monotonic() + limits.timeout_ms / 1000, context)
+        token = self.watchdog.watch(running)
+        try:
+            served = pin.served
+            cursor.execute(f"CREATE TEMP VIEW {quote(served.dataset)} AS SELECT * FROM main.{quote(served.table)}")
+            reader = self._run(cursor, request, running, limits, served.epoch)
+            first = self._next(reader, request, running, limits, served.epoch)
+        except BaseException:
+            self._finish(token, pin, cursor)
+            raise
+        self.watchdog.detach_context(token)
+        return reader.schema, self._stream(first, reader, request, running, limits, served.epoch, token, pin, cursor)
+
+    def _run(self, cursor, request: QueryRequest, running: _Running, limits: QueryLimits, epoch: str):
+        import duckdb
+
+        try:
+            relation = cursor.sql(request.sql)
+            # duckdb >= 1.4 names it to_arrow_reader; older releases fetch_arrow_reader.
+            to_reader = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
+            return to_reader(BATCH_ROWS)
+        except duckdb.InterruptException as exc:
+            raise self._interrupted(running, request, limits, epoch) from exc
+        except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
+                duckdb.ConversionException, duckdb.InvalidInputException, duckdb.NotImplementedException) as exc:
+            raise InvalidQueryError(f"query on dataset {request.dataset!r} (epoch {epoch}): {exc}") from exc
+        except duckdb.Error as exc:
+            raise SpeedLayerError(f"query on dataset {request.dataset!r} (epoch {epoch}) failed: {exc}") from exc
+
+    def _next(self, reader, request: QueryRequest, running: _Running, limits: QueryLimits,
+              epoch: str) -> pa.RecordBatch | None:
+        import duckdb
+
+        try:
+            return reader.read_next_batch()
+        except StopIteration:
+            return None
+        except (duckdb.InterruptException, pa.ArrowCancelled) as exc:
+            raise self._interrupted(running, request, limits, epoch) from exc
+        except (duckdb.Error, pa.ArrowException) as exc:
+            if running.reason:
+                raise self._interrupted(running, request, limits, epoch) from exc
+            raise SpeedLayerError(f"query on dataset {request.dataset!r} (epoch {epoch}) failed: {exc}") from exc
+
+    @staticmethod
+    def _interrupted(running: _Running, request: QueryRequest, limits: QueryLimits, epoch: str) -> SpeedLayerError:
+        if running.reason == "cancelled":
+            return QueryCancelledError(f"query on dataset {request.dataset!r} was cancelled by its caller")
+        return QueryTimeoutError(f"query on dataset {request.dataset!r} (epoch {epoch}) exceeded its deadline "
+                                 f"of {limits.timeout_ms} ms")
+
+    def _stream(self, first, reader, request: QueryRequest, running: _Running, limits: QueryLimits, epoch: str,
+                token: int, pin: EpochPin, cursor) -> Iterator[pa.RecordBatch]:
+        rows = size = 0
+        batch = first
+        try:
+            while batch is not None:
+                rows, size = rows + batch.num_rows, size + batch_bytes(batch)
+                if rows > limits.max_rows or size > limits.max_bytes:
+                    raise to_flight(ResultTooLargeError(
+                        f"result of the query on dataset {request.dataset!r} exceeds its limit "
+                        f"(max_rows={limits.max_rows}, max_bytes={limits.max_bytes}; at least {rows} rows, "
+                        f"{size} bytes): select fewer rows or columns, or aggregate"))
+                yield batch
+                try:
+                    batch = self._next(reader, request, running, limits, epoch)
+                except SpeedLayerError as exc:
+                    raise to_flight(exc) from exc
+        finally:
+            self._finish(token, pin, cursor)
+
+    def _finish(self, token: int, pin: EpochPin, cursor) -> None:
+        self.watchdog.unwatch(token)
+        try:
+            cursor.close()
+        finally:
+            pin.release()

@@ -1,0 +1,79 @@
+"""What a query may read: its dataset and its own CTEs, nothing else on the worker.
+
+A worker's DuckDB can read any file the worker process can (`read_parquet('/...')`, a quoted path
+as a table, `read_text`), holds every epoch table of its tenant under its own name, and has
+settings a caller could change. The gateway's tenant check is only a boundary if the SQL it
+forwards can reach nothing but the dataset it names, bound to one pinned epoch. So before a query
+runs, its parse tree (DuckDB's own parser, through `json_serialize_sql`) is walked: one SELECT,
+table references only to the dataset or to CTEs the query defines, no table functions.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Iterator
+
+from speedlayer.errors import InvalidQueryError
+
+_parser = threading.local()
+
+
+def _parse_tree(sql: str) -> dict[str, Any]:
+    import duckdb
+
+    con = getattr(_parser, "con", None)
+    if con is None:
+        con = _parser.con = duckdb.connect(":memory:")
+    return json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+
+
+def _nodes(tree: Any) -> Iterator[dict[str, Any]]:
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            yield node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _cte_names(nodes: list[dict[str, Any]]) -> set[str]:
+    names: set[str] = set()
+    for node in nodes:
+        cte_map = node.get("cte_map")
+        if isinstance(cte_map, dict):
+            names.update(entry["key"].lower() for entry in cte_map.get("map", []))
+    return names
+
+
+def check_query(sql: str, dataset: str) -> None:
+    """Raise InvalidQueryError naming the dataset unless `sql` is one SELECT that reads only
+    `dataset` (unqualified) and CTEs it defines."""
+    import duckdb
+
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise InvalidQueryError(f"query on dataset {dataset!r}: {exc}") from exc
+    if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+        kinds = [s.type.name for s in statements]
+        raise InvalidQueryError(f"query on dataset {dataset!r}: expected one SELECT statement, got {kinds}")
+    tree = _parse_tree(sql)
+    if tree.get("error"):
+        raise InvalidQueryError(f"query on dataset {dataset!r}: {tree.get('error_message', 'cannot be parsed')}")
+    nodes = list(_nodes(tree["statements"]))
+    readable = {dataset.lower()} | _cte_names(nodes)
+    for node in nodes:
+        kind = node.get("type")
+        if kind == "TABLE_FUNCTION":
+            name = node.get("function", {}).get("function_name", "?")
+            raise InvalidQueryError(f"query on dataset {dataset!r}: table function {name}() is not allowed; "
+                                    f"a query reads only its dataset {dataset!r}")
+        if kind == "BASE_TABLE":
+            qualified = ".".join(p for p in (node.get("catalog_name"), node.get("schema_name"),
+                                             node.get("table_name")) if p)
+            if node.get("catalog_name") or node.get("schema_name") or node["table_name"].lower() not in readable:
+                raise InvalidQueryError(f"query on dataset {dataset!r}: it reads {qualified!r}; "
+                                        f"a query reads only its dataset {dataset!r} and its own CTEs")
