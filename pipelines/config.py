@@ -30,6 +30,7 @@ from pydantic import BeforeValidator, ConfigDict, Strict, TypeAdapter, Validatio
 from pydantic.dataclasses import dataclass
 
 from danube_core.errors import ConfigError
+from pipelines.speedlayer_feed import SpeedLayerFeed, check_feed
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
@@ -199,6 +200,7 @@ class PipelineConfig:
     expectations: ExpectationsConfig | None = None
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     spark_conf: Settings = field(default_factory=dict)
+    speedlayer: SpeedLayerFeed | None = None  # the speed-layer dataset the target feeds (pipelines.speedlayer_feed)
     file: str = field(default="<memory>", compare=False)
 
 
@@ -377,6 +379,8 @@ def _check(config: PipelineConfig, loader: _Loader) -> None:
     if locations[0] == locations[1]:
         raise loader.error("quarantine", f"must differ from the target ({locations[0]})")
     _check_trigger(config.trigger, loader)
+    for key, problem in check_feed(config.speedlayer) if config.speedlayer is not None else ():
+        raise loader.error(key, problem)
 
 
 def _check_source(source: SourceConfig, loader: _Loader) -> None:

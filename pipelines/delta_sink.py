@@ -14,7 +14,9 @@ Order per batch, and why it gives exactly-once:
 3. only then commit the subscription cursors in etcd (`connectors.cursor_commit`): the cursor
    never runs ahead of what Delta holds. The commit compares the subscription lock named in the
    batch's offset (Spark's offsets log) in the same etcd transaction: a pipeline whose lock lease
-   was lost stops with `SubscriptionLockLostError` rather than move another owner's cursor.
+   was lost stops with `SubscriptionLockLostError` rather than move another owner's cursor;
+4. if the pipeline feeds a speed-layer dataset (`speedlayer:` in its file), announce the
+   target's new version to it (`pipelines.speedlayer_feed`; best effort, never fails the batch).
 
 Each commit's `userMetadata` names the batch's offset ranges per topic partition and the
 objects they were read from (`DESCRIBE HISTORY` shows where every version came from), the id
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -62,6 +65,7 @@ from pipelines.expectations import FAILED, BatchQuality, QualityGate, mark_failu
 from pipelines.fault_hook import fault_point, fault_window, faulting_store
 from pipelines.metrics import BatchReport, OffsetSpan, PipelineMetrics
 from pipelines.schema_registry import SubjectSchemas
+from pipelines.speedlayer_feed import CommitAnnouncer
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +95,7 @@ class DeltaBatchWriter:
         self._checkpoint_id: tuple[str | None] | None = None  # read once: fixed for the query's life
         self._trails: dict[str, TableTrail] | None = None  # per table location, kept current
         self._replay_tools: dict[str, tuple[Decoder, QualityGate | None]] = {}
+        self.announcer = _announcer(config, metadata)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         timings: dict[str, float] = {}
@@ -123,6 +128,12 @@ class DeltaBatchWriter:
             cursors = commit_cursors(self.reader_options, cursor_ends(spans, planned),
                                      metadata=faulting_store(self.metadata), lock=lock)
             timings["cursor"] = self.clock() - mark
+            if self.announcer is not None and self.config.target.location in written:
+                mark = self.clock()
+                announced = self.announcer.announce()
+                self.metrics.announced += int(announced)
+                self.metrics.announce_failures += int(not announced)
+                timings["announce"] = self.clock() - mark
         finally:
             if decoded is not None:
                 decoded.unpersist()
@@ -235,6 +246,14 @@ class DeltaBatchWriter:
         else:
             writer.saveAsTable(table.table)
         return table.location
+
+
+def _announcer(config: PipelineConfig, metadata: MetadataStore) -> CommitAnnouncer | None:
+    if config.speedlayer is None:
+        return None
+    target = config.target
+    uri = target.path if target.path is None or "://" in target.path else os.path.abspath(target.path)
+    return CommitAnnouncer(config.speedlayer, uri or str(target.table), config.name, metadata)
 
 
 @dataclass(frozen=True)

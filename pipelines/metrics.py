@@ -65,6 +65,8 @@ class PipelineMetrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._reports: list[BatchReport] = []
+        self.announced = 0           # commits announced to the speed layer
+        self.announce_failures = 0   # announcements that failed (logged; the master's poll finds them)
 
     def record(self, report: BatchReport) -> None:
         with self._lock:
@@ -84,6 +86,8 @@ class PipelineMetrics:
             "valid": sum(r.valid for r in reports),
             "quarantined": sum(r.quarantined for r in reports),
             "lost": sum(r.lost for r in reports),
+            "announced": self.announced,
+            "announce_failures": self.announce_failures,
         }
 
     def lost_offsets(self) -> dict[str, int]:

@@ -13,6 +13,8 @@ test clusters or several speed layers can share one etcd:
     {root}/requests/{tenant}/{request_id}            -> epoch id (idempotency keys)
     {root}/drain/{tenant}/{worker}                   -> "1" while a worker is asked to drain
     {root}/tenants/{tenant}/config                   -> TenantConfig
+    {root}/tenants/{tenant}/datasets/{dataset}       -> DatasetSpec (what a dataset follows)
+    {root}/announce/{tenant}/{dataset}               -> Announcement (a writer's last commit; extension)
     {root}/config/global                             -> GlobalConfig
 """
 
@@ -96,6 +98,28 @@ class SpeedLayerKeys:
 
     def tenant_config(self, tenant: str) -> str:
         return f"{self.tenants_prefix}{tenant}/config"
+
+    def datasets_prefix(self, tenant: str) -> str:
+        return f"{self.tenants_prefix}{tenant}/datasets/"
+
+    def dataset_spec(self, tenant: str, dataset: str) -> str:
+        return f"{self.datasets_prefix(tenant)}{dataset}"
+
+    def parse_dataset_spec(self, key: str) -> tuple[str, str] | None:
+        """(tenant, dataset) of a `/tenants/{t}/datasets/{d}` key, None for any other key."""
+        parts = key[len(self.tenants_prefix):].split("/")
+        return (parts[0], parts[2]) if len(parts) == 3 and parts[1] == "datasets" else None
+
+    @property
+    def announce_prefix(self) -> str:
+        return f"{self.root}/announce/"
+
+    def announce(self, tenant: str, dataset: str) -> str:
+        return f"{self.announce_prefix}{tenant}/{dataset}"
+
+    def parse_announce(self, key: str) -> tuple[str, str]:
+        tenant, _, dataset = key[len(self.announce_prefix):].partition("/")
+        return tenant, dataset
 
     @property
     def global_config(self) -> str:

@@ -12,8 +12,11 @@ from typing import Any
 
 from danube_core.errors import MetadataError
 
-# Admission status of an epoch (seed §6): PENDING -> PLANNED -> ASSIGNED, or FAILED.
+# Admission status of an epoch (seed §6): PENDING -> PLANNED -> ASSIGNED, or FAILED; an epoch
+# the lifecycle retired (TTL, LRU within the quota) ends EVICTED: no replicas, kept for a while
+# so that `status` and the audit trail show what happened, then deleted.
 PENDING, PLANNED, ASSIGNED, FAILED = "PENDING", "PLANNED", "ASSIGNED", "FAILED"
+EVICTED = "EVICTED"
 # State of one replica of an epoch on one worker. Only READY may be queried.
 R_ASSIGNED, R_LOADING, R_READY, R_FAILED = "ASSIGNED", "LOADING", "READY", "FAILED"
 
@@ -96,6 +99,10 @@ class AssignmentRecord:
     replication: int = 2
     replicas: dict[str, Replica] = field(default_factory=dict)
     updated_ms: int = 0
+    created_ms: int = 0
+    ready_ms: int = 0        # when a first replica became READY (0: never)
+    base_epoch: str = ""     # an incremental epoch: the epoch it adds files to
+    kind: str = "full"       # full (admitted or rebuilt) or incremental
     load_failures: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
@@ -122,8 +129,8 @@ class AssignmentRecord:
 
     @property
     def live(self) -> bool:
-        """Counts against quotas and is kept placed: everything but FAILED."""
-        return self.status != FAILED
+        """Counts against quotas and is kept placed: everything but FAILED and EVICTED."""
+        return self.status not in (FAILED, EVICTED)
 
     def staying(self) -> tuple[str, ...]:
         """The workers the epoch is placed on, leaving replicas excluded (sorted)."""
@@ -131,6 +138,16 @@ class AssignmentRecord:
 
     def ready_workers(self) -> list[str]:
         return sorted(w for w, r in self.replicas.items() if r.state == R_READY)
+
+    @property
+    def order(self) -> tuple[int, int, str]:
+        """Newer epochs of a dataset sort after older ones: by source version, then creation."""
+        return (self.version, self.created_ms, self.epoch)
+
+    def settled(self) -> bool:
+        """Every staying replica finished loading (READY or FAILED): nothing of it is in flight."""
+        staying = [r for r in self.replicas.values() if not r.leaving]
+        return bool(staying) and all(r.state in (R_READY, R_FAILED) for r in staying)
 
 
 @dataclass(frozen=True)
@@ -141,6 +158,7 @@ class TenantConfig:
     memory_quota_bytes: int = 0
     source_roots: tuple[str, ...] = ()
     replication_factor: int = 0  # 0: the global default
+    epoch_ttl_s: float = 0.0     # 0: the global default_ttl_sec
 
     def to_json(self) -> bytes:
         return dump({**asdict(self), "source_roots": list(self.source_roots)})
@@ -154,7 +172,8 @@ class TenantConfig:
         try:
             return cls(memory_quota_bytes=int(quota or 0),
                        source_roots=tuple(str(r) for r in value.get("source_roots", ())),
-                       replication_factor=int(value.get("replication_factor", 0)))
+                       replication_factor=int(value.get("replication_factor", 0)),
+                       epoch_ttl_s=float(value.get("epoch_ttl_s", 0.0)))
         except (TypeError, ValueError) as exc:
             raise MetadataError(f"{key}: not a tenant config: {exc}") from exc
 
@@ -168,7 +187,10 @@ class GlobalConfig:
 
     `memory_quota_bytes` 0: no global limit. `reassign_delay_s`: how long a lost worker's
     epochs wait before moving (a worker back within it keeps them). `memory_expansion_factor`:
-    in-memory size estimated from Parquet bytes. `max_load_failures`: on how many workers an
+    in-memory size estimated from Parquet bytes. `default_ttl_sec` (the seed's key): how long an
+    epoch stays held once a newer epoch of its dataset is served. `refresh_poll_interval_s`: how
+    often the leader looks for Delta versions nobody announced. `evicted_retention_s`: how long
+    an EVICTED record stays visible before it is deleted. `max_load_failures`: on how many workers an
     epoch may fail to load before no further worker is tried (a plan that cannot be loaded
     anywhere must not walk through every worker of a large tenant).
     """
@@ -179,6 +201,9 @@ class GlobalConfig:
     reassign_delay_s: float = 5.0
     memory_expansion_factor: float = 2.0
     log_level: str = "INFO"
+    default_ttl_sec: float = 30.0
+    refresh_poll_interval_s: float = 5.0
+    evicted_retention_s: float = 300.0
     max_load_failures: int = 3
 
     def to_json(self) -> bytes:
@@ -193,6 +218,61 @@ class GlobalConfig:
             raise MetadataError(f"{key}: not a global config: {exc}") from exc
         if config.strategy not in STRATEGIES or config.replication_factor < 1:
             raise MetadataError(f"{key}: strategy must be one of {STRATEGIES} and replication_factor >= 1")
+        if config.default_ttl_sec < 0 or config.refresh_poll_interval_s <= 0 or config.evicted_retention_s < 0:
+            raise MetadataError(f"{key}: default_ttl_sec and evicted_retention_s must be >= 0, "
+                                "refresh_poll_interval_s > 0")
         if not isinstance(config.max_load_failures, int) or config.max_load_failures < 1:
             raise MetadataError(f"{key}: max_load_failures={config.max_load_failures!r}: expected an integer >= 1")
         return config
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """`/tenants/{tenant}/datasets/{dataset}` (seed §13): what a dataset follows.
+
+    Written when a Delta table is admitted at its latest version (not pinned): the leader then
+    plans a new epoch for every new version of `table_uri` (announced or found by polling),
+    with the same `partitions` and `replication`.
+    """
+
+    source_type: str
+    source_uri: str
+    partitions: tuple[dict[str, str], ...] = ()
+    replication: int = 0
+    follow: bool = True
+
+    def to_json(self) -> bytes:
+        return dump({**asdict(self), "partitions": [dict(p) for p in self.partitions]})
+
+    @classmethod
+    def from_json(cls, raw: bytes, key: str) -> "DatasetSpec":
+        value = load(raw, key)
+        try:
+            return cls(source_type=str(value["source_type"]), source_uri=str(value["source_uri"]),
+                       partitions=tuple({str(k): str(v) for k, v in p.items()} for p in value.get("partitions", ())),
+                       replication=int(value.get("replication", 0)), follow=bool(value.get("follow", True)))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise MetadataError(f"{key}: not a dataset spec: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """`/announce/{tenant}/{dataset}`: a writer committed `version` of `table_uri` (-1: unknown).
+
+    Written by pipelines after the Delta commit and the cursor commit; a hint that wakes the
+    leader (which reads the Delta log itself), never trusted as the table's content."""
+
+    table_uri: str
+    version: int = -1
+    writer: str = ""
+    committed_ms: int = 0
+
+    def to_json(self) -> bytes:
+        return dump(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes, key: str) -> "Announcement":
+        try:
+            return cls(**_pick(cls, load(raw, key)))
+        except TypeError as exc:
+            raise MetadataError(f"{key}: not an announcement: {exc}") from exc

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -51,11 +52,17 @@ class DeltaConnector(Connector):
 
     def __init__(self, storage_options: dict[str, str] | None = None) -> None:
         self._storage_options = dict(storage_options or {})
+        self._lock = threading.Lock()
+        self._latest: dict[str, object] = {}  # table URI -> a DeltaTable without files (polling)
 
     def resolve(self, source: mg.DataSourceIdentifier, partitions: PartitionFilter) -> ResolvedTable:
         request = source.delta_table
-        table_uri = normalize_table_uri(request.table_uri)
-        table = self._open(table_uri, request.version if request.pin_version else None)
+        return self.resolve_uri(normalize_table_uri(request.table_uri),
+                                request.version if request.pin_version else None, partitions)
+
+    def resolve_uri(self, table_uri: str, version: int | None, partitions: PartitionFilter) -> ResolvedTable:
+        """`table_uri` (normalized) at `version` (None: the latest) as a ResolvedTable."""
+        table = self._open(table_uri, version)
         self._check_faithful(table, table_uri)
         metadata = table.metadata()
         columns = list(metadata.partition_columns)
@@ -72,12 +79,42 @@ class DeltaConnector(Connector):
             file_count=len(files),
         )
 
-    def _open(self, table_uri: str, version: int | None):
+    def latest_version(self, table_uri: str) -> int:
+        """The table's newest version: one cached log handle per table, brought up to date by
+        reading only the commits after the last one it saw (cheap enough to poll)."""
+        with self._lock:
+            table = self._latest.get(table_uri)
+        if table is None:
+            table = self._open(table_uri, None, without_files=True)
+        else:
+            try:
+                table.update_incremental()
+            except Exception as exc:  # translated like any other log read
+                raise SourceError(f"reading the Delta log of {table_uri} failed: {exc}") from exc
+        with self._lock:
+            self._latest[table_uri] = table
+        return table.version()
+
+    def operations(self, table_uri: str, after: int, upto: int) -> list[str]:
+        """The commitInfo operations of versions (after, upto], oldest first (for the audit
+        trail only: what a rebuild or an increment stands for; never used to classify)."""
+        if upto <= after:
+            return []
+        try:
+            history = self._open(table_uri, None, without_files=True).history(upto - after)
+        except Exception as exc:  # informative only
+            logger.debug("no history for %s: %s", table_uri, exc)
+            return []
+        found = {int(h.get("version", -1)): str(h.get("operation", "?")) for h in history}
+        return [f"{v}:{found[v]}" for v in sorted(found) if after < v <= upto]
+
+    def _open(self, table_uri: str, version: int | None, without_files: bool = False):
         from deltalake import DeltaTable
         from deltalake.exceptions import DeltaError, TableNotFoundError
 
         try:
-            return DeltaTable(table_uri, version=version, storage_options=self._storage_options or None)
+            return DeltaTable(table_uri, version=version, storage_options=self._storage_options or None,
+                              without_files=without_files)
         except TableNotFoundError as exc:
             raise PreconditionError(f"no Delta table at {table_uri}: {exc}") from exc
         except DeltaError as exc:

@@ -25,12 +25,15 @@ from speedlayer.errors import (
     InvalidRequestError, NotFoundError, TenantIsolationError, UnsupportedSourceError,
 )
 from speedlayer.keys import valid_id
-from speedlayer.master.quotas import check_quotas
+from speedlayer.catalog.delta_changes import TableChange, incremental_source
+from speedlayer.master.quotas import check_quotas, footprint
 from speedlayer.master.state import ClusterState, ConfigView
-from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
+from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary, eligible
 from speedlayer.observability.audit import AuditEvent, AuditLogger
 from speedlayer.observability.metrics import ADMISSIONS, ASSIGNMENT_DURATION
-from speedlayer.records import ASSIGNED, FAILED, PENDING, PLANNED, AssignmentRecord, Replica
+from speedlayer.records import (
+    ASSIGNED, EVICTED, FAILED, PENDING, PLANNED, AssignmentRecord, DatasetSpec, Replica,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +44,12 @@ PAUSE_ENV = "SPEEDLAYER_FAULT_PAUSE_AFTER_PLANNED_S"
 
 def _digest(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def epoch_id(tenant: str, dataset: str, resolved: ResolvedTable, wanted: PartitionFilter) -> str:
+    """Deterministic: the same table version asked for the same way names the same epoch
+    (whether an admission or the refresh of a followed dataset planned it)."""
+    return f"v{resolved.version}-{_digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:12]}"
 
 
 def partition_filter(request: mg.AdmitDatasetRequest) -> PartitionFilter:
@@ -79,10 +88,12 @@ class AdmissionController:
 
     def __init__(self, state: ClusterState, config: ConfigView, connectors: dict[str, Connector],
                  strategy: Callable[[], AssignmentStrategy], candidates: Callable[[str], list[Candidate]],
-                 audit: AuditLogger, master_id: str, placed: Callable[[], None]) -> None:
+                 audit: AuditLogger, master_id: str, placed: Callable[[], None],
+                 followed: Callable[[str, str], None] = lambda tenant, dataset: None) -> None:
         self._state, self._config, self._connectors = state, config, connectors
         self._strategy, self._candidates = strategy, candidates
         self._audit, self._master_id, self._placed = audit, master_id, placed
+        self._followed = followed
 
     def admit(self, request: mg.AdmitDatasetRequest) -> mg.AdmitDatasetResponse:
         started = time.perf_counter()
@@ -111,13 +122,56 @@ class AdmissionController:
             raise UnsupportedSourceError(f"no {kind} connector is configured on this master")
         self._check_roots(tenant, request.source)
         resolved = connector.resolve(request.source, wanted)
-        epoch = f"v{resolved.version}-{_digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:12]}"
+        epoch = epoch_id(tenant, dataset, resolved, wanted)
         request_id = request.request_id or _digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:20]
         existing = self._state.record(tenant, dataset, epoch)
-        if existing is None:
-            existing = self._create(request, resolved, epoch, request_id)
+        if existing is None or existing.status == EVICTED:
+            replication = request.replication or self._default_replication(tenant)
+            existing = self._create(tenant, dataset, resolved, epoch, request_id, replication)
         self._state.metadata.put(self._state.keys.request(tenant, request_id), epoch.encode())
-        return self._continue(existing, resolved)
+        response = self._continue(existing, resolved)
+        if kind == "delta_table" and not request.source.delta_table.pin_version:
+            self._follow(tenant, dataset, resolved, wanted, request.replication)
+        return response
+
+    def _default_replication(self, tenant: str) -> int:
+        return self._config.tenant(tenant).replication_factor or self._config.global_config.replication_factor
+
+    def _follow(self, tenant: str, dataset: str, resolved: ResolvedTable, wanted: PartitionFilter,
+                replication: int) -> None:
+        """The dataset now follows the table: every new version becomes an epoch (master.refresh)."""
+        uri = resolved.source.delta.table_uri
+        spec = DatasetSpec("delta", uri, tuple(wanted), replication)
+        key = self._state.keys.dataset_spec(tenant, dataset)
+        raw = self._state.metadata.get(key)
+        if raw is None or DatasetSpec.from_json(raw, key) != spec:
+            self._state.metadata.put(key, spec.to_json())
+            self._audit.record(AuditEvent(kind="dataset.follow", tenant=tenant, dataset=dataset,
+                                          master_id=self._master_id, detail={"table_uri": uri, "partitions": wanted}))
+        self._followed(tenant, dataset)
+
+    def plan_refresh(self, tenant: str, dataset: str, spec: DatasetSpec, resolved: ResolvedTable,
+                     base: AssignmentRecord | None, change: TableChange | None,
+                     detail: dict) -> AssignmentRecord:
+        """A new epoch of a followed dataset: incremental on `base` (`change` incremental), else
+        a full rebuild; placed on the base's workers first (they hold what it adds to). Raises
+        PreconditionError (quotas) before anything is persisted."""
+        wanted = [dict(p) for p in spec.partitions]
+        epoch = epoch_id(tenant, dataset, resolved, wanted)
+        existing = self._state.record(tenant, dataset, epoch)
+        if existing is not None and existing.status != EVICTED:
+            return existing
+        incremental = base is not None and change is not None and change.incremental
+        base_epoch = base.epoch if incremental else ""
+        request_id = _digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:20]
+        record = self._create(tenant, dataset, resolved, epoch, request_id,
+                              spec.replication or self._default_replication(tenant),
+                              base=base if incremental else None, audit_detail=detail)
+        if record.status != PENDING:
+            return record
+        source = incremental_source(resolved, change) if incremental else None
+        record = self._plan(record, resolved, source=source, base_epoch=base_epoch)
+        return self._assign(record, preferred=base.staying() if base is not None else ())
 
     def _check_roots(self, tenant: str, source: mg.DataSourceIdentifier) -> None:
         roots = self._config.tenant(tenant).source_roots
@@ -129,23 +183,28 @@ class AdmissionController:
         if not any(uri == r.rstrip("/") or uri.startswith(r.rstrip("/") + "/") for r in roots):
             raise TenantIsolationError(f"tenant {tenant} may not admit {uri}: outside its source roots {list(roots)}")
 
-    def _create(self, request: mg.AdmitDatasetRequest, resolved: ResolvedTable, epoch: str,
-                request_id: str) -> AssignmentRecord:
-        tenant = request.tenant_id
+    def _create(self, tenant: str, dataset: str, resolved: ResolvedTable, epoch: str, request_id: str,
+                replication: int, base: AssignmentRecord | None = None,
+                audit_detail: dict | None = None) -> AssignmentRecord:
         global_config, tenant_config = self._config.global_config, self._config.tenant(tenant)
-        replication = request.replication or tenant_config.replication_factor or global_config.replication_factor
         estimate = int(resolved.total_bytes * global_config.memory_expansion_factor)
-        records, _, _, _ = self._state.snapshot()
-        check_quotas(records, tenant, tenant_config, global_config, estimate * replication)
         record = AssignmentRecord(
-            tenant=tenant, dataset=request.dataset_id, epoch=epoch, request_id=request_id, status=PENDING,
+            tenant=tenant, dataset=dataset, epoch=epoch, request_id=request_id, status=PENDING,
             version=resolved.version, total_rows=resolved.total_rows, file_count=resolved.file_count,
             estimated_memory_bytes=estimate, replication=replication,
+            base_epoch=base.epoch if base is not None else "", kind="incremental" if base is not None else "full",
         )
-        created = self._state.create_record(record)
+        records, _, _, _ = self._state.snapshot()
+        by_epoch = {(r.tenant, r.dataset, r.epoch): r for r in records}
+        check_quotas(records, tenant, tenant_config, global_config, footprint(record, base))
+        if (tenant, dataset, epoch) in by_epoch and by_epoch[(tenant, dataset, epoch)].status == EVICTED:
+            created = self._state.update_record(tenant, dataset, epoch, lambda r: record)  # admitted again
+        else:
+            created = self._state.create_record(record)
         if created.status == PENDING and created.request_id == request_id:
             self._audit_status(created, {"request_id": request_id, "files": resolved.file_count,
-                                         "estimated_bytes": estimate})
+                                         "estimated_bytes": estimate, "kind": record.kind,
+                                         "base_epoch": record.base_epoch, **(audit_detail or {})})
         return created
 
     def _continue(self, record: AssignmentRecord, resolved: ResolvedTable | None) -> mg.AdmitDatasetResponse:
@@ -160,9 +219,11 @@ class AdmissionController:
         return mg.AdmitDatasetResponse(epoch_id=record.epoch, message=record.message, status=record.status,
                                        request_id=record.request_id)
 
-    def _plan(self, record: AssignmentRecord, resolved: ResolvedTable) -> AssignmentRecord:
+    def _plan(self, record: AssignmentRecord, resolved: ResolvedTable, source: cp.DataSource | None = None,
+              base_epoch: str = "") -> AssignmentRecord:
         plan = cp.LoadPlan(
-            plan_id=f"{record.tenant}/{record.dataset}/{record.epoch}", source=resolved.source,
+            plan_id=f"{record.tenant}/{record.dataset}/{record.epoch}", source=source or resolved.source,
+            base_epoch_id=base_epoch, version=resolved.version,
             destination_table_name=f"{record.dataset}__{record.epoch}".replace("-", "_").replace(".", "_"),
             arrow_schema=resolved.arrow_schema, tenant_id=record.tenant, dataset_id=record.dataset,
             epoch_id=record.epoch, estimated_memory_bytes=record.estimated_memory_bytes,
@@ -178,9 +239,16 @@ class AdmissionController:
             time.sleep(pause)
         return updated
 
-    def _assign(self, record: AssignmentRecord) -> AssignmentRecord:
-        summary = PlanSummary(record.tenant, record.dataset, record.epoch, record.estimated_memory_bytes)
-        chosen = self._strategy().select(summary, self._candidates(record.tenant), record.replication)
+    def _assign(self, record: AssignmentRecord, preferred: tuple[str, ...] = ()) -> AssignmentRecord:
+        base = self._state.record(record.tenant, record.dataset, record.base_epoch) if record.base_epoch else None
+        share = footprint(record, base) // max(1, record.replication)  # an increment needs room for what it adds
+        summary = PlanSummary(record.tenant, record.dataset, record.epoch, share)
+        candidates = self._candidates(record.tenant)
+        usable = {c.worker_id for c in eligible(summary, candidates)}
+        chosen = [w for w in preferred if w in usable][:record.replication]
+        if len(chosen) < record.replication:
+            chosen += self._strategy().select(summary, candidates, record.replication - len(chosen),
+                                              exclude=set(chosen))
 
         def assign(current: AssignmentRecord) -> AssignmentRecord | None:
             if current.status != PLANNED:

@@ -1,7 +1,9 @@
 """Memory quotas (seed §8): a tenant's and the cluster's budgets against live epochs' estimates.
 
 An epoch counts `estimated_memory_bytes x replication`: every replica occupies a worker's
-memory. FAILED epochs count nothing. Checked before anything of a new epoch is persisted.
+memory. An incremental epoch whose base epoch is still held counts only what it adds (workers
+share the base's tables between them). FAILED and EVICTED epochs count nothing. Checked before
+anything of a new epoch is persisted.
 """
 
 from __future__ import annotations
@@ -10,12 +12,23 @@ from speedlayer.errors import PreconditionError
 from speedlayer.records import AssignmentRecord, GlobalConfig, TenantConfig
 
 
-def footprint(record: AssignmentRecord) -> int:
-    return record.estimated_memory_bytes * record.replication if record.live else 0
+def footprint(record: AssignmentRecord, base: AssignmentRecord | None = None) -> int:
+    """`base`: the record of `record.base_epoch`, if known."""
+    if not record.live:
+        return 0
+    size = record.estimated_memory_bytes
+    if record.base_epoch and base is not None and base.live:
+        size = max(0, size - base.estimated_memory_bytes)
+    return size * record.replication
+
+
+def usage(records: list[AssignmentRecord]) -> int:
+    by_epoch = {(r.tenant, r.dataset, r.epoch): r for r in records}
+    return sum(footprint(r, by_epoch.get((r.tenant, r.dataset, r.base_epoch))) for r in records)
 
 
 def tenant_usage(records: list[AssignmentRecord], tenant: str) -> int:
-    return sum(footprint(r) for r in records if r.tenant == tenant)
+    return usage([r for r in records if r.tenant == tenant])
 
 
 def check_quotas(records: list[AssignmentRecord], tenant: str, tenant_config: TenantConfig,
@@ -28,7 +41,7 @@ def check_quotas(records: list[AssignmentRecord], tenant: str, tenant_config: Te
             f"tenant {tenant} memory quota exceeded: {used} bytes in use + {new_bytes} estimated "
             f"for this epoch (replicas included) > quota {limit} bytes (/tenants/{tenant}/config)"
         )
-    total = sum(footprint(r) for r in records)
+    total = usage(records)
     limit = global_config.memory_quota_bytes
     if limit > 0 and total + new_bytes > limit:
         raise PreconditionError(

@@ -17,14 +17,16 @@ from typing import Callable
 
 from danube_core.errors import DanubeError
 
+from speedlayer.master.lifecycle import evictions, superseded_keys
 from speedlayer.master.load_failures import failed_everywhere, replication_target, retire_failed_replicas
 from speedlayer.master.placement import EpochPlacement, next_placement
+from speedlayer.master.quotas import footprint
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
 from speedlayer.observability.audit import AuditEvent, AuditLogger
-from speedlayer.observability.metrics import WORKERS_REGISTERED
+from speedlayer.observability.metrics import EVICTIONS, WORKERS_REGISTERED
 from speedlayer.records import (
-    ASSIGNED, FAILED, PLANNED, R_FAILED, R_READY, AssignmentRecord, Replica, WorkerRecord,
+    ASSIGNED, EVICTED, FAILED, PLANNED, R_FAILED, R_READY, AssignmentRecord, Replica, WorkerRecord,
 )
 from speedlayer.transport.streams import StreamRegistry, WorkerSession
 
@@ -40,11 +42,14 @@ def candidates_of(records: list[AssignmentRecord], sessions: list[WorkerSession]
     connected here, and those still registered in etcd (e.g. reconnecting after a leader
     change: they get their plans when they connect)."""
     assigned: dict[tuple[str, str], tuple[int, int]] = {}
+    by_epoch = {(r.tenant, r.dataset, r.epoch): r for r in records}
     for record in records:
         if record.live:
+            share = footprint(record, by_epoch.get((record.tenant, record.dataset, record.base_epoch)))
+            share //= max(1, record.replication)
             for worker in record.replicas:
                 size, count = assigned.get((record.tenant, worker), (0, 0))
-                assigned[(record.tenant, worker)] = (size + record.estimated_memory_bytes, count + 1)
+                assigned[(record.tenant, worker)] = (size + share, count + 1)
     memory = {key: w.memory_bytes for key, w in registered.items()}
     memory.update({s.key: s.capacity.memory_bytes for s in sessions if not s.closed})
     return [Candidate(worker_id=key[1], tenant=key[0], memory_bytes=size,
@@ -105,11 +110,13 @@ class Reconciler:
                     if (now - since < delay or k in taking_over) and k not in connected}
         keep = in_grace
         self._update_gauges(sessions)
+        records = self._apply_lifecycle(records)
         candidates = candidates_of(records, sessions, self._state.placeable_workers(now < grace_end), draining)
+        old = superseded_keys(records)  # neither refilled nor balanced: they wait for their eviction
         max_failures = self._config.global_config.max_load_failures
         epochs = [EpochPlacement(PlanSummary(r.tenant, r.dataset, r.epoch, r.estimated_memory_bytes),
                                  replication_target(r, max_failures), r.staying(), frozenset(r.load_failures))
-                  for r in records if r.status in (PLANNED, ASSIGNED)]
+                  for r in records if r.status in (PLANNED, ASSIGNED) and (r.tenant, r.dataset, r.epoch) not in old]
         by_key = {f"{r.tenant}/{r.dataset}/{r.epoch}": r for r in records}
         live = set(workers) | connected
         for key, workers_next in next_placement(epochs, candidates, keep, self._strategy()).items():
@@ -127,6 +134,39 @@ class Reconciler:
     def takeover_end(self) -> float:
         """Monotonic time until which this new leader counts no previously registered worker as lost."""
         return self._state.loaded_at + self._takeover_grace_s + self._config.global_config.reassign_delay_s
+
+    def make_room(self, tenant: str, size: int) -> None:
+        """Evict the tenant's least recently served superseded epochs until `size` more fits."""
+        self._apply_lifecycle(self._state.snapshot()[0], lambda t: size if t == tenant else 0)
+        self.wake()
+
+    def _apply_lifecycle(self, records: list[AssignmentRecord],
+                         need: Callable[[str], int] = lambda tenant: 0) -> list[AssignmentRecord]:
+        """Evict what the Epoch Lifecycle says (TTL, LRU within quotas); delete EVICTED records
+        (and their plans) after `evicted_retention_s`. Returns the records as they are now."""
+        now_ms = int(time.time() * 1000)
+        config = self._config
+        ttl = lambda tenant: config.tenant(tenant).epoch_ttl_s or config.global_config.default_ttl_sec  # noqa: E731
+        for eviction in evictions(records, now_ms, ttl, lambda tenant: config.tenant(tenant).memory_quota_bytes,
+                                  need):
+            record = eviction.record
+            updated = self._state.update_record(
+                record.tenant, record.dataset, record.epoch,
+                lambda r, why=eviction: replace(r, status=EVICTED, replicas={}, message=f"evicted ({why.reason}): "
+                                                f"{why.detail}") if r.live else None)
+            if updated is not None and updated.status == EVICTED:
+                EVICTIONS.labels(reason=eviction.reason).inc()
+                self._audit.record(AuditEvent(kind="epoch.EVICTED", tenant=record.tenant, dataset=record.dataset,
+                                              epoch=record.epoch, master_id=self._master_id,
+                                              detail={"reason": eviction.reason, "detail": eviction.detail,
+                                                      "workers": sorted(record.replicas)}))
+                logger.info("epoch %s of %s/%s evicted (%s)", record.epoch, record.tenant, record.dataset,
+                            eviction.detail, extra={"tenant_id": record.tenant, "epoch_id": record.epoch})
+        retention_ms = int(config.global_config.evicted_retention_s * 1000)
+        for record in self._state.snapshot()[0]:
+            if record.status == EVICTED and now_ms - record.updated_ms >= retention_ms:
+                self._state.delete_record(record)
+        return self._state.snapshot()[0]
 
     def _update_gauges(self, sessions: list[WorkerSession]) -> None:
         counts: dict[str, int] = {}
@@ -211,12 +251,17 @@ class Reconciler:
         """Send `session` the plans it should hold and has not got; drop what it should not hold."""
         if session.closed:
             return
-        desired = {f"{r.dataset}/{r.epoch}": r for r in self._state.snapshot()[0]
+        records = self._state.snapshot()[0]
+        old = superseded_keys(records)
+        # Oldest first: a worker loading several epochs of a dataset has each base before its increments.
+        desired = {f"{r.dataset}/{r.epoch}": r for r in sorted(records, key=lambda r: r.order)
                    if r.tenant == session.tenant and r.live and session.worker_id in r.replicas}
         for ref, record in desired.items():
             replica = record.replicas[session.worker_id]
             if ref in session.sent or ref in session.held or replica.state == R_FAILED:
                 continue
+            if (record.tenant, record.dataset, record.epoch) in old:
+                continue  # superseded and not held here (a restarted worker): not worth loading again
             plan = self._state.get_plan(record.tenant, record.dataset, record.epoch)
             if plan is None:
                 logger.error("epoch %s has no plan at %s", record.epoch,

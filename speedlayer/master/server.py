@@ -30,6 +30,7 @@ from speedlayer.errors import NotLeaderError
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.master.admission import AdmissionController
 from speedlayer.master.reconciler import Reconciler, candidates_of
+from speedlayer.master.refresh import Refresher
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, strategy_named
 from speedlayer.master.workers import WorkerDirectory
@@ -70,10 +71,17 @@ class LeaderRuntime:
         self.admission = AdmissionController(
             self.state, server.config_view, server.connectors, server.strategy,
             self._candidates,
-            server.audit, server.config.master_id, self._changed)
+            server.audit, server.config.master_id, self._changed,
+            followed=lambda tenant, dataset: self.refresher.look_at(tenant, dataset, "admitted"))
+        self.refresher = Refresher(self.state, server.config_view, server.connectors["delta_table"],
+                                   self.admission, server.audit, server.config.master_id,
+                                   make_room=self.reconciler.make_room)
 
     def _changed(self) -> None:
         self.reconciler.wake()
+        refresher = getattr(self, "refresher", None)
+        if refresher is not None:
+            refresher.wake()
 
     def _candidates(self, tenant: str):
         records, _, _, draining = self.state.snapshot()
@@ -83,8 +91,10 @@ class LeaderRuntime:
     def start(self) -> None:
         self.state.load()
         self.reconciler.start()
+        self.refresher.start()
 
     def stop(self) -> None:
+        self.refresher.stop()
         self.reconciler.stop()
         self.registry.close_all()
         self.state.close()

@@ -62,7 +62,7 @@ class ConfigView:
                                       if event.value is not None else GlobalConfig())
                 logger.info("global config now %s", self.global_config)
                 logging.getLogger().setLevel(self.global_config.log_level.upper())
-            elif event.key.endswith("/config"):
+            elif event.key.endswith("/config") and event.key.count("/", len(self._keys.tenants_prefix)) == 1:
                 tenant = event.key[len(self._keys.tenants_prefix):-len("/config")]
                 if event.value is None:
                     self.tenants.pop(tenant, None)
@@ -215,6 +215,15 @@ class ClusterState:
             raw = None
         raise MetadataError(f"{key}: 20 concurrent changes in a row; giving up this update")
 
+    def delete_record(self, record: AssignmentRecord) -> None:
+        """Forget an epoch: its record and its plan (only ever an EVICTED one)."""
+        key = self.keys.assignment(record.tenant, record.dataset, record.epoch)
+        plan_key = self.keys.plan(record.tenant, record.dataset, record.epoch)
+        self.metadata.delete(key)
+        self.metadata.delete(plan_key)
+        self._plans.pop(plan_key, None)
+        self._cache(key, None, None)
+
     def put_plan(self, plan: cp.LoadPlan) -> None:
         key = self.keys.plan(plan.tenant_id, plan.dataset_id, plan.epoch_id)
         self.metadata.put(key, encode_plan(plan))
@@ -233,4 +242,5 @@ class ClusterState:
 def _stamped(record: AssignmentRecord) -> AssignmentRecord:
     from dataclasses import replace
 
-    return replace(record, updated_ms=int(time.time() * 1000))
+    now = int(time.time() * 1000)
+    return replace(record, updated_ms=now, created_ms=record.created_ms or now)

@@ -120,6 +120,8 @@ class WorkerDirectory:
                 return None
             replica = replace(current.replicas[session.worker_id], state=state, rows=update.rows,
                               bytes=update.bytes, seconds=update.seconds, error=update.error_message)
+            if state == R_READY and not current.ready_ms:  # the lifecycle's clock: superseded since
+                current = replace(current, ready_ms=int(time.time() * 1000))
             return current.with_replica(session.worker_id, replica)
 
         updated = self._state.update_record(session.tenant, update.dataset_id, update.epoch_id, change)
@@ -131,8 +133,9 @@ class WorkerDirectory:
                         update.seconds, extra=extra)
         elif state == R_FAILED:
             logger.error("epoch %s FAILED on %s: %s", ref, session.worker_id, update.error_message, extra=extra)
-        if updated is None or session.worker_id not in updated.replicas or state == R_FAILED:
-            self._changed()  # not (or no longer) this worker's, or to be placed elsewhere
+        if updated is None or session.worker_id not in updated.replicas or state != R_LOADING:
+            # dropped by the next sync, placed elsewhere (FAILED), or it settles an epoch (refresh, lifecycle)
+            self._changed()
 
     def disconnected(self, session: WorkerSession) -> None:
         """The stream ended. The lease is left to expire (a quick reconnect keeps everything)."""

@@ -30,6 +30,12 @@ LOAD_SECONDS = Histogram(
 )
 LOADED_ROWS = Gauge("worker_epoch_rows", "Rows of each epoch held in memory", ["dataset", "epoch"])
 EPOCHS_HELD = Gauge("worker_epochs_ready", "Epochs READY on this worker")
+EVICTIONS = Counter("master_epoch_evictions_total", "Epochs evicted by the lifecycle", ["reason"])
+REFRESHES = Counter("master_refresh_epochs_total", "Epochs planned for new source versions", ["kind"])
+REFRESH_LAG = Histogram(
+    "master_refresh_detect_seconds", "Source commit time to the refresh epoch being planned",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
 GATEWAY_QUERIES = Counter("gateway_queries_total", "Queries through the gateway by outcome (OK or a status)",
                           ["tenant", "outcome"])
 GATEWAY_QUERY_SECONDS = Histogram(

@@ -125,7 +125,8 @@ def _epoch_status(record: AssignmentRecord) -> mg.EpochStatus:
     return mg.EpochStatus(
         epoch_id=record.epoch, status=record.status, message=record.message, version=record.version,
         total_rows=record.total_rows, estimated_memory_bytes=record.estimated_memory_bytes,
-        replication=record.replication, file_count=record.file_count,
+        replication=record.replication, file_count=record.file_count, kind=record.kind,
+        base_epoch_id=record.base_epoch,
         replicas=[mg.ReplicaStatus(worker_id=w, state=r.state, rows=r.rows, bytes=r.bytes, seconds=r.seconds,
                                    error=r.error, leaving=r.leaving) for w, r in sorted(record.replicas.items())]
         # workers whose load failed stay listed, FAILED with their reason, after they were replaced

@@ -15,7 +15,7 @@ import queue
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -24,7 +24,8 @@ from speedlayer.api.v1 import control_plane_service_pb2_grpc as cp_grpc
 from speedlayer.client import CHANNEL_OPTIONS
 from speedlayer.observability.metrics import EPOCHS_HELD, LOAD_SECONDS, LOADED_ROWS
 from speedlayer.transport.leader_gate import leader_hint
-from speedlayer.worker.loader import EpochLoader
+from speedlayer.worker.epochs import HeldTables
+from speedlayer.worker.loader import EpochLoader, LoadResult, quote
 from speedlayer.worker.serving import ServedDatasets
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class HeldEpoch:
     status: int = Status.IN_PROGRESS
     rows: int = 0
     bytes: int = 0
+    version: int = -1
 
 
 class WorkerAgent:
@@ -66,6 +68,7 @@ class WorkerAgent:
         # What queries see: an epoch is published here only once COMPLETED (READY).
         self.served = ServedDatasets(drop_table=self.loader.drop)
         self.held: dict[tuple[str, str], HeldEpoch] = {}
+        self.tables = HeldTables(self.loader.cursor)
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader")
         self._stop = threading.Event()
@@ -170,7 +173,8 @@ class WorkerAgent:
                 if held.status == Status.COMPLETED:
                     self._report(held)
                 return
-            self.held[key] = HeldEpoch(event.dataset_id, event.epoch_id, event.load_plan.destination_table_name)
+            self.held[key] = HeldEpoch(event.dataset_id, event.epoch_id, event.load_plan.destination_table_name,
+                                       version=_plan_version(event.load_plan))
         self._executor.submit(self._load, event)
 
     def _load(self, event: cp.DataAssignmentEvent) -> None:
@@ -178,10 +182,13 @@ class WorkerAgent:
         extra = {**self._extra, "epoch_id": event.epoch_id, "dataset_id": event.dataset_id}
         self._send(data_pull_status_update=Status(dataset_id=event.dataset_id, epoch_id=event.epoch_id,
                                                   status=Status.IN_PROGRESS))
+        base_parts = self._base_parts(event)
         try:
-            result = self.loader.load(event.load_plan)
+            result = self._load_tables(event, base_parts)
         except Exception as exc:  # any failure is reported to the master with its reason
             logger.error("loading %s/%s failed: %s", *key, exc, extra=extra)
+            if base_parts is not None:
+                self.tables.release_parts(base_parts)
             with self._lock:
                 self.held.pop(key, None)
             self._send(data_pull_status_update=Status(dataset_id=event.dataset_id, epoch_id=event.epoch_id,
@@ -191,18 +198,58 @@ class WorkerAgent:
         LOADED_ROWS.labels(dataset=event.dataset_id, epoch=event.epoch_id).set(result.rows)
         with self._lock:
             held = self.held.get(key)
-            if held is None:  # unassigned while loading
-                self.loader.drop(event.load_plan.destination_table_name)
-                return
-            held.status, held.rows, held.bytes = Status.COMPLETED, result.rows, result.bytes
+            if held is not None:
+                held.status, held.rows, held.bytes = Status.COMPLETED, result.rows, result.bytes
             EPOCHS_HELD.set(sum(h.status == Status.COMPLETED for h in self.held.values()))
-            self.served.publish(event.dataset_id, event.epoch_id, event.load_plan.destination_table_name,
-                                version=_plan_version(event.load_plan))
-        logger.info("epoch %s/%s READY: %d rows, %d bytes in %.2fs", *key, result.rows, result.bytes,
-                    result.seconds, extra=extra)
+            if held is not None:  # still wanted: queries may see it from now on
+                self._publish(held)
+        if held is None:  # unassigned while loading
+            self.tables.drop(key)
+            return
+        logger.info("epoch %s/%s READY%s: %d rows, %d bytes in %.2fs", *key,
+                    f" (+{len(event.load_plan.source.delta.added_files)} files on {event.load_plan.base_epoch_id})"
+                    if base_parts is not None else "", result.rows, result.bytes, result.seconds, extra=extra)
         self._send(data_pull_status_update=Status(
             dataset_id=event.dataset_id, epoch_id=event.epoch_id, status=Status.COMPLETED, rows=result.rows,
             bytes=result.bytes, seconds=result.seconds, memory_bytes=result.memory_bytes))
+
+    def _base_parts(self, event: cp.DataAssignmentEvent) -> tuple[str, ...] | None:
+        """The pinned tables of the plan's base epoch if this worker holds it READY (then only
+        the added files are loaded), else None (the full file list is loaded)."""
+        base = event.load_plan.base_epoch_id
+        if not base or event.load_plan.source.WhichOneof("source_type") != "delta":
+            return None
+        with self._lock:
+            held = self.held.get((event.dataset_id, base))
+            if held is None or held.status != Status.COMPLETED:
+                return None
+            return self.tables.acquire_base((event.dataset_id, base))
+
+    def _load_tables(self, event: cp.DataAssignmentEvent, base_parts: tuple[str, ...] | None) -> LoadResult:
+        """Load the epoch's tables; its relation exists only once they are all complete."""
+        plan, key = event.load_plan, (event.dataset_id, event.epoch_id)
+        if base_parts is None:
+            result = self.loader.load(plan)
+            self.tables.add_full(key, plan.destination_table_name)
+            return result
+        part = plan.destination_table_name + "__added"
+        result = self.loader.load(plan, files=list(plan.source.delta.added_files), table_name=part)
+        tables = self.tables.add_increment(key, plan.destination_table_name, base_parts, part)
+        rows = self.loader.cursor().execute(f"SELECT count(*) FROM {quote(tables.relation)}").fetchone()[0]
+        return replace(result, rows=rows)
+
+    def _publish(self, held: HeldEpoch) -> None:
+        """THE swap (called under the agent's lock, once the epoch is held whole): make the epoch
+        queryable. Queries resolve a dataset to its newest published epoch (by source version),
+        so publishing a newer one moves them all forward at once, while a running query keeps
+        the epoch it pinned; the epoch's tables are released through `HeldTables` (shared
+        parts stay while another epoch reads them)."""
+        key = (held.dataset, held.epoch)
+        tables = self.tables.get(key)
+        if tables is None:
+            return
+        self.served.publish(held.dataset, held.epoch, tables.relation, version=held.version,
+                            release=lambda: self.tables.drop(key))
 
     def _report(self, held: HeldEpoch) -> None:
         self._send(data_pull_status_update=Status(dataset_id=held.dataset, epoch_id=held.epoch,
@@ -213,9 +260,9 @@ class WorkerAgent:
             held = self.held.pop((event.dataset_id, event.epoch_id), None)
             empty = not self.held
         if held is not None and held.status == Status.COMPLETED:
-            # Queries still reading the epoch keep it; its table is dropped when the last ends.
+            # Queries still reading the epoch keep it; its tables are released when the last ends.
             if not self.served.retire(held.dataset, held.epoch):
-                self.loader.drop(held.table)
+                self.tables.drop((held.dataset, held.epoch))
         logger.info("epoch %s/%s dropped (%s)", event.dataset_id, event.epoch_id, event.reason, extra=self._extra)
         if self.draining and empty:
             logger.info("drained: exiting", extra=self._extra)

@@ -65,11 +65,14 @@ class EpochLoader:
     def cursor(self):
         return self._db.cursor()
 
-    def load(self, plan: cp.LoadPlan) -> LoadResult:
+    def load(self, plan: cp.LoadPlan, files: list[cp.DataFile] | None = None, table_name: str | None = None) -> LoadResult:
+        """Load `files` (default: the plan's full list) into `table_name` (default: the plan's
+        destination); the table appears under its name only once every file is in."""
         started = time.perf_counter()
         schema = pa.ipc.read_schema(pa.py_buffer(plan.arrow_schema))
-        files = plan_files(plan)
-        table, staging = quote(plan.destination_table_name), quote(plan.destination_table_name + "__loading")
+        files = plan_files(plan) if files is None else files
+        name = table_name or plan.destination_table_name
+        table, staging = quote(name), quote(name + "__loading")
         con = self._db.cursor()
         con.execute(f"DROP TABLE IF EXISTS {staging}")
         empty = pa.Table.from_batches([], schema=schema)  # noqa: F841 (read by DuckDB by name)

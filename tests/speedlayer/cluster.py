@@ -75,6 +75,7 @@ class SpeedLayerCluster:
         self.metadata = EtcdMetadataStore(self.etcd.endpoint)
         self.set_global(GlobalConfig(reassign_delay_s=reassign_delay_s, strategy=strategy))
         self._clients: list[ManagementClient] = []
+        self._local: list = []
 
     def set_global(self, config: GlobalConfig) -> None:
         self.metadata.put(self.keys.global_config, config.to_json())
@@ -120,6 +121,18 @@ class SpeedLayerCluster:
         self.workers[f"{tenant}/{worker_id}"] = process
         return process
 
+    def start_local_worker(self, tenant: str, worker_id: str, memory_mb: int = 1024):
+        """A worker agent in this process (its DuckDB can be queried directly); stopped with the cluster."""
+        import threading
+
+        from speedlayer.worker.agent import WorkerAgent, WorkerConfig
+
+        agent = WorkerAgent(WorkerConfig(tenant=tenant, worker_id=worker_id, masters=self.master_addresses,
+                                         memory_bytes=memory_mb * 1024 * 1024, threads=1))
+        thread = threading.Thread(target=agent.run, name=f"worker-{worker_id}", daemon=True)
+        thread.start()
+        self._local.append((agent, thread))
+        return agent
     def start_gateway(self, gateway_id: str = "g1", extra: dict | None = None) -> str:
         """Start a Data Gateway process; returns its host:port."""
         port = free_port()
@@ -169,6 +182,9 @@ class SpeedLayerCluster:
     def stop(self) -> None:
         for client in self._clients:
             client.close()
+        for agent, thread in self._local:
+            agent.stop()
+            thread.join(10)
         processes = ([p for p, _ in self.masters.values()] + list(self.workers.values())
                      + [p for p, _ in self.gateways.values()])
         for process in processes:

@@ -59,10 +59,11 @@ def test_admission_is_deterministic_and_audited(rig):
     controller, state, audit, *_ = rig
     first = controller.admit(delta_request("acme", "orders", "/t"))
     assert first.status == "ASSIGNED" and first.epoch_id.startswith("v3-")
-    assert [e.kind for e in audit.events] == ["admission.PENDING", "admission.PLANNED", "admission.ASSIGNED"]
+    assert [e.kind for e in audit.events] == ["admission.PENDING", "admission.PLANNED", "admission.ASSIGNED",
+                                              "dataset.follow"]
     again = controller.admit(delta_request("acme", "orders", "/t"))
     assert (again.epoch_id, again.request_id) == (first.epoch_id, first.request_id)
-    assert len(audit.events) == 3  # a retry changes nothing
+    assert len(audit.events) == 4  # a retry changes nothing
     record = state.record("acme", "orders", first.epoch_id)
     assert sorted(record.replicas) <= ["w1", "w2", "w3"] and len(record.replicas) == 2
     assert state.get_plan("acme", "orders", first.epoch_id).source.delta.version == 3

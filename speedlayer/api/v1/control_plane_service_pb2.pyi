@@ -150,7 +150,7 @@ class ResourceStatus(_message.Message):
     def __init__(self, memory_used_bytes: _Optional[int] = ..., cpu_load_avg_5m: _Optional[float] = ...) -> None: ...
 
 class LoadPlan(_message.Message):
-    __slots__ = ("plan_id", "source", "destination_table_name", "arrow_schema", "tenant_id", "dataset_id", "epoch_id", "estimated_memory_bytes", "total_rows", "partition_columns")
+    __slots__ = ("plan_id", "source", "destination_table_name", "arrow_schema", "tenant_id", "dataset_id", "epoch_id", "estimated_memory_bytes", "total_rows", "partition_columns", "base_epoch_id", "version")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_TABLE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,8 @@ class LoadPlan(_message.Message):
     ESTIMATED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_ROWS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    BASE_EPOCH_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     source: DataSource
     destination_table_name: str
@@ -171,7 +173,9 @@ class LoadPlan(_message.Message):
     estimated_memory_bytes: int
     total_rows: int
     partition_columns: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, plan_id: _Optional[str] = ..., source: _Optional[_Union[DataSource, _Mapping]] = ..., destination_table_name: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ..., tenant_id: _Optional[str] = ..., dataset_id: _Optional[str] = ..., epoch_id: _Optional[str] = ..., estimated_memory_bytes: _Optional[int] = ..., total_rows: _Optional[int] = ..., partition_columns: _Optional[_Iterable[str]] = ...) -> None: ...
+    base_epoch_id: str
+    version: int
+    def __init__(self, plan_id: _Optional[str] = ..., source: _Optional[_Union[DataSource, _Mapping]] = ..., destination_table_name: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ..., tenant_id: _Optional[str] = ..., dataset_id: _Optional[str] = ..., epoch_id: _Optional[str] = ..., estimated_memory_bytes: _Optional[int] = ..., total_rows: _Optional[int] = ..., partition_columns: _Optional[_Iterable[str]] = ..., base_epoch_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class DataSource(_message.Message):
     __slots__ = ("iceberg", "olap", "delta")
@@ -194,16 +198,18 @@ class IcebergSource(_message.Message):
     def __init__(self, table_name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ...) -> None: ...
 
 class DeltaSource(_message.Message):
-    __slots__ = ("table_uri", "version", "commit_timestamp_ms", "files")
+    __slots__ = ("table_uri", "version", "commit_timestamp_ms", "files", "added_files")
     TABLE_URI_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     COMMIT_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FILES_FIELD_NUMBER: _ClassVar[int]
     table_uri: str
     version: int
     commit_timestamp_ms: int
     files: _containers.RepeatedCompositeFieldContainer[DataFile]
-    def __init__(self, table_uri: _Optional[str] = ..., version: _Optional[int] = ..., commit_timestamp_ms: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ...) -> None: ...
+    added_files: _containers.RepeatedCompositeFieldContainer[DataFile]
+    def __init__(self, table_uri: _Optional[str] = ..., version: _Optional[int] = ..., commit_timestamp_ms: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., added_files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ...) -> None: ...
 
 class OlapSource(_message.Message):
     __slots__ = ("dsn", "snapshot_query", "catalog", "database", "table", "partition_spec")

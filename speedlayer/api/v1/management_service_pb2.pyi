@@ -116,7 +116,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., state: _Optional[str] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class EpochStatus(_message.Message):
-    __slots__ = ("epoch_id", "status", "message", "version", "total_rows", "estimated_memory_bytes", "replication", "replicas", "file_count")
+    __slots__ = ("epoch_id", "status", "message", "version", "total_rows", "estimated_memory_bytes", "replication", "replicas", "file_count", "kind", "base_epoch_id")
     EPOCH_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,8 @@ class EpochStatus(_message.Message):
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     FILE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BASE_EPOCH_ID_FIELD_NUMBER: _ClassVar[int]
     epoch_id: str
     status: str
     message: str
@@ -135,7 +137,9 @@ class EpochStatus(_message.Message):
     replication: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     file_count: int
-    def __init__(self, epoch_id: _Optional[str] = ..., status: _Optional[str] = ..., message: _Optional[str] = ..., version: _Optional[int] = ..., total_rows: _Optional[int] = ..., estimated_memory_bytes: _Optional[int] = ..., replication: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., file_count: _Optional[int] = ...) -> None: ...
+    kind: str
+    base_epoch_id: str
+    def __init__(self, epoch_id: _Optional[str] = ..., status: _Optional[str] = ..., message: _Optional[str] = ..., version: _Optional[int] = ..., total_rows: _Optional[int] = ..., estimated_memory_bytes: _Optional[int] = ..., replication: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., file_count: _Optional[int] = ..., kind: _Optional[str] = ..., base_epoch_id: _Optional[str] = ...) -> None: ...
 
 class DatasetStatusResponse(_message.Message):
     __slots__ = ("epochs",)

@@ -1,0 +1,114 @@
+"""A pipeline that feeds a speed-layer dataset announces each commit of its target table.
+
+Configured by the pipeline file's optional `speedlayer:` section (its own small dataclass so
+the rest of the file's schema does not change):
+
+    speedlayer:
+      tenant: acme                # the speed-layer tenant and dataset the target table feeds
+      dataset: orders
+      # etcd_endpoints: 10.0.0.5:2379   # the speed layer's etcd (default: source.etcd_endpoints,
+      #                                 # with the source's credentials)
+      # key_root: ""                    # the speed layer's etcd.key_root
+      # storage_options: {}             # delta-rs options to read the target's version (S3 keys)
+
+After a batch's Delta commits *and* its cursor commit, the sink puts
+`{key_root}/announce/{tenant}/{dataset}` = {table_uri, version, writer, committed_ms}
+(`speedlayer.records.Announcement`); the leading master watches those keys and plans the next
+epoch at once instead of at its next poll. Announcing is best effort: the master also polls,
+so a failed announcement is logged and counted (`PipelineMetrics.totals()["announce_failures"]`)
+and never fails the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from danube_core.errors import DanubeError
+from danube_core.metadata import MetadataStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SpeedLayerFeed:
+    """The `speedlayer:` section of a pipeline file."""
+
+    tenant: str
+    dataset: str
+    etcd_endpoints: str | None = None
+    key_root: str = ""
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+
+
+def check_feed(feed: SpeedLayerFeed) -> list[tuple[str, str]]:
+    """(key, problem) pairs for the config loader to report with the file's name."""
+    from speedlayer.keys import SpeedLayerKeys, valid_id
+
+    problems = [(f"speedlayer.{name}", f"{getattr(feed, name)!r}: expected 1-128 of letters, digits, '_', '.', '-'")
+                for name in ("tenant", "dataset") if not valid_id(getattr(feed, name))]
+    try:
+        SpeedLayerKeys(feed.key_root)
+    except ValueError as exc:
+        problems.append(("speedlayer.key_root", str(exc)))
+    return problems
+
+
+class CommitAnnouncer:
+    """Announces the target table's commits for one pipeline; `metadata` is the pipeline's etcd."""
+
+    def __init__(self, feed: SpeedLayerFeed, table_uri: str, writer: str, metadata: MetadataStore) -> None:
+        from speedlayer.keys import SpeedLayerKeys
+
+        self.feed, self.table_uri, self.writer = feed, table_uri, writer
+        self._key = SpeedLayerKeys(feed.key_root).announce(feed.tenant, feed.dataset)
+        self._shared = metadata
+        self._own: MetadataStore | None = None
+        self.announced = 0
+        self.failures = 0
+
+    def announce(self) -> bool:
+        """Put the announcement for the table's current version; False (logged) if it failed."""
+        from speedlayer.records import Announcement
+
+        try:
+            value = Announcement(self.table_uri, self._version(), self.writer, int(time.time() * 1000))
+            self._metadata().put(self._key, value.to_json())
+        except (DanubeError, OSError) as exc:
+            self.failures += 1
+            logger.warning("announcing the commit of %s to the speed layer (%s) failed, the master's poll will "
+                           "find it: %s", self.table_uri, self._key, exc)
+            return False
+        self.announced += 1
+        logger.debug("announced %s version %d at %s", self.table_uri, value.version, self._key)
+        return True
+
+    def _version(self) -> int:
+        """The table's newest version from its log (-1 when it cannot be read: the master reads
+        the log itself; the version is informative)."""
+        if "://" not in self.table_uri and not self.table_uri.startswith("/"):
+            return -1  # a metastore table name: no log to read here
+        try:
+            from deltalake import DeltaTable
+
+            return DeltaTable(self.table_uri, storage_options=dict(self.feed.storage_options) or None,
+                              without_files=True).version()
+        except Exception as exc:  # noqa: BLE001 - any reader failure only loses the hint's version
+            logger.debug("no Delta version for %s: %s", self.table_uri, exc)
+            return -1
+
+    def _metadata(self) -> MetadataStore:
+        if self.feed.etcd_endpoints is None:
+            return self._shared
+        if self._own is None:
+            from danube_core.metadata import EtcdMetadataStore
+
+            self._own = EtcdMetadataStore(self.feed.etcd_endpoints)
+        return self._own
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self._own = None

@@ -1,0 +1,62 @@
+"""A pipeline's `speedlayer:` section and its commit announcements (memory metadata store, a
+real Delta log): the key and value the master watches, and failures counted, never raised."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from danube_core.errors import ConfigError, MetadataUnavailableError
+from danube_core.metadata_memory import MemoryMetadataStore
+from pipelines.config import parse_config
+from pipelines.speedlayer_feed import CommitAnnouncer, SpeedLayerFeed
+from speedlayer.records import Announcement
+
+pytestmark = pytest.mark.unit
+
+
+def orders(**speedlayer) -> dict:
+    with open("conf/pipelines/orders.yaml", encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
+    data["speedlayer"] = speedlayer
+    return data
+
+
+def test_the_section_is_parsed_and_checked():
+    config = parse_config(orders(tenant="acme", dataset="orders", key_root="/sl"), env={})
+    assert config.speedlayer == SpeedLayerFeed("acme", "orders", key_root="/sl")
+    assert parse_config({k: v for k, v in orders().items() if k != "speedlayer"}, env={}).speedlayer is None
+    for bad, key in (({"tenant": "a/b", "dataset": "d"}, "speedlayer.tenant"),
+                     ({"tenant": "a", "dataset": ""}, "speedlayer.dataset"),
+                     ({"tenant": "a", "dataset": "d", "key_root": "sl/"}, "speedlayer.key_root"),
+                     ({"tenant": "a"}, "speedlayer.dataset"),
+                     ({"tenant": "a", "dataset": "d", "topic": "x"}, "speedlayer.topic")):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            parse_config(orders(**bad), env={})
+
+
+def test_a_commit_is_announced_with_the_tables_version(tmp_path):
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "orders")
+    write_deltalake(path, pa.table({"id": [1, 2]}))
+    write_deltalake(path, pa.table({"id": [3]}), mode="append")
+    store = MemoryMetadataStore()
+    announcer = CommitAnnouncer(SpeedLayerFeed("acme", "orders", key_root="/sl"), path, "orders-pipeline", store)
+    assert announcer.announce()
+    value = Announcement.from_json(store.get("/sl/announce/acme/orders"), "k")
+    assert (value.table_uri, value.version, value.writer) == (path, 1, "orders-pipeline") and value.committed_ms > 0
+    # A metastore table name (no log to read here) is announced with version -1.
+    assert CommitAnnouncer(SpeedLayerFeed("acme", "t"), "lake.orders", "p", store).announce()
+    assert Announcement.from_json(store.get("/announce/acme/t"), "k").version == -1
+
+
+def test_a_failed_announcement_is_counted_and_never_raised(tmp_path, caplog):
+    class Down(MemoryMetadataStore):
+        def put(self, key, value, lease=None):
+            raise MetadataUnavailableError("etcd 127.0.0.1:1 unreachable")
+
+    announcer = CommitAnnouncer(SpeedLayerFeed("acme", "orders"), str(tmp_path / "missing"), "p", Down())
+    assert announcer.announce() is False and announcer.failures == 1 and announcer.announced == 0
+    assert "master's poll will find it" in caplog.text
