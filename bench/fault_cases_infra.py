@@ -28,7 +28,7 @@ def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         for attempt in range(4):  # a run that fails before any task (e.g. at start, under load) is rerun
             pipe = Pipeline(config, config.parent / f"run-{attempt}.log").start()
             try:
-                victim = poll(lambda: _python_worker(pipe.process.pid) or pipe.process.poll() is not None,
+                victim = poll(lambda p=pipe: _python_worker(p.process.pid) or p.process.poll() is not None,
                               PIPELINE_TIMEOUT_S, "a Python task worker", 0.02)
                 if victim is not True:
                     os.kill(victim, signal.SIGKILL)

@@ -81,7 +81,7 @@ def test_appends_become_incremental_epochs_and_the_served_epoch_moves_forward(fo
         append(path, rows, 100)
         rows += 100
         announce(cluster, path, version)
-        found = eventually(lambda: (s := served_rows(agent)) and s[1] == version and s, deadline_s=30)
+        found = eventually(lambda v=version: (s := served_rows(agent)) and s[1] == v and s, deadline_s=30)
         assert found[2] == rows
         head = eventually(lambda: (r := records(cluster)[-1]) and r.replicas["w1"].state == "READY" and r,
                           deadline_s=10)  # the worker swaps before the master hears it is READY
