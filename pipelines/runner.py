@@ -172,10 +172,11 @@ class PipelineRunner:
                         return self.metrics
                 return self.metrics
             except StreamingQueryException as exc:
-                if "already consumed" not in str(exc) or time.monotonic() >= deadline:
+                if not _worth_restarting(str(exc)) or time.monotonic() >= deadline:
                     raise
-                logger.info("subscription %s still locked by a previous run; restarting the query",
-                            self.config.source.subscription)
+                logger.info("pipeline %s: %s; restarting the query", self.config.name,
+                            "subscription still locked by a previous run" if "already consumed" in str(exc)
+                            else "the source's Python process did not start in time")
                 self.query = None
                 time.sleep(1.0)
 
@@ -186,6 +187,14 @@ class PipelineRunner:
         if not self._closed:
             self._closed = True
             self.metadata.close()
+
+
+def _worth_restarting(error: str) -> bool:
+    """A query failure a restart of the query (same JVM) can cure: the subscription still
+    locked by a predecessor, or Spark's source process not connecting back within Spark's
+    fixed 10 s (`PythonWorkerFactory.createSimpleWorker`; Python's start-up alone exceeds it on
+    an overloaded machine)."""
+    return "already consumed" in error or "Python worker failed to connect back" in error
 
 
 def _session(config: PipelineConfig) -> SparkSession:
