@@ -189,11 +189,11 @@ class PipelineRunner:
                         return self.metrics
                 return self.metrics
             except StreamingQueryException as exc:
-                cause = error_type_in(str(exc))
-                if cause is None or not issubclass(cause, SubscriptionBusyError) or time.monotonic() >= deadline:
+                if not _worth_restarting(str(exc)) or time.monotonic() >= deadline:
                     raise
-                logger.info("subscription %s still locked by a previous run; restarting the query",
-                            self.config.source.subscription)
+                logger.info("pipeline %s: %s; restarting the query", self.config.name,
+                            "subscription still locked by a previous run" if _subscription_busy(str(exc))
+                            else "the source's Python process did not start in time")
                 self.query = None
                 time.sleep(1.0)
 
@@ -204,6 +204,20 @@ class PipelineRunner:
         if not self._closed:
             self._closed = True
             self.metadata.close()
+
+
+def _subscription_busy(error: str) -> bool:
+    cause = error_type_in(error)
+    return cause is not None and issubclass(cause, SubscriptionBusyError)
+
+
+def _worth_restarting(error: str) -> bool:
+    """A query failure a restart of the query (same JVM) can cure: the subscription still
+    locked by a predecessor (decided by the error's type), or Spark's source process not
+    connecting back within Spark's fixed 10 s (`PythonWorkerFactory.createSimpleWorker`;
+    Python's start-up alone exceeds it on an overloaded machine). The latter is a JVM error
+    with no class of ours, so its text is all there is to match."""
+    return _subscription_busy(error) or "Python worker failed to connect back" in error
 
 
 def _session(config: PipelineConfig) -> SparkSession:
