@@ -302,6 +302,8 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         offset = SourceOffset.from_json_dict(end)
         state.lock.adopt(offset.lock)
         state.writer.commit(offset.positions, offset.lock, guard=state.lock.value_if_holding(offset.lock))
+        if state.running_end == dict(offset.positions):
+            state.running_end = None  # committed: the next latestOffset has nothing left to commit
 
     def stop(self) -> None:
         if self._state is not None:
