@@ -32,4 +32,4 @@ def test_a_timeout_names_the_condition_and_its_last_value() -> None:
     with pytest.raises(TimeoutError) as info:
         eventually(lambda: 41 == 42 or "cursor at 41" * 0, 0.1)
     message = str(info.value)
-    assert "41 == 42" in message and "test_rig_query_reached.py" in message and "last value ''" in message
+    assert "41 == 42" in message and "test_rig.py" in message and "last value ''" in message
