@@ -1,18 +1,22 @@
 """A pipeline that names a speed-layer dataset announces its commits, and the master plans them.
 
 Real Spark (the session-wide fixture) runs the pipeline into Delta; a real master process on an
-etcd of its own follows the target table with a worker in this process. The master's poll is
-set to an hour, so only the pipeline's announcement can make it plan the new version at once.
+etcd of its own follows the target table. The master's poll is set to an hour, so only the
+pipeline's announcement can make it plan a new version at once. The first test reads the
+worker's DuckDB in this process; the second goes the user's way, through a worker process and
+the Data Gateway, querying while the pipeline keeps committing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import pytest
 
 from pipelines.speedlayer_feed import SpeedLayerFeed
 from speedlayer.client import delta_request
+from speedlayer.query.client import QueryClient
 from speedlayer.records import Announcement, AssignmentRecord, GlobalConfig
 from tests.rig import eventually
 from tests.speedlayer.cluster import SpeedLayerCluster
@@ -58,4 +62,80 @@ def test_pipeline_commits_are_announced_and_become_epochs(lake, tmp_path_factory
         print(cluster.dump_logs())
         raise
     finally:
+        cluster.stop()
+
+
+def _committed_offsets(path: str) -> list[list[int]]:
+    """The target's `_offset` values at each Delta version, sorted (deltalake, not Spark)."""
+    from deltalake import DeltaTable
+
+    latest = DeltaTable(path).version()
+    return [sorted(DeltaTable(path, version=v).to_pyarrow_table(columns=["_offset"]).column("_offset").to_pylist())
+            for v in range(latest + 1)]
+
+
+def test_committed_rows_are_answered_through_the_gateway_once_while_the_pipeline_commits(
+        lake, tmp_path_factory):  # noqa: F811
+    """Broker storage -> pipeline -> Delta -> speed layer -> gateway: every answer is exactly one
+    committed version's rows (none twice, never half an epoch), and the last commit is answered."""
+    cluster = SpeedLayerCluster(tmp_path_factory.mktemp("speedlayer"))
+    stop = threading.Event()
+    try:
+        cluster.set_global(GlobalConfig(reassign_delay_s=1.0, replication_factor=1, refresh_poll_interval_s=3600,
+                                        default_ttl_sec=3600))
+        cluster.start_master("m1")
+        cluster.start_worker("acme", "w1")
+        gateway = cluster.start_gateway()
+        topic = lake.topic(f"/default/{lake.unique_name('served')}")
+        topic.append(20)
+        config = lake.config([topic.name], decode={"format": "raw"}, rules=None)
+        config = dataclasses.replace(config, speedlayer=SpeedLayerFeed(
+            "acme", "feed", etcd_endpoints=cluster.etcd.endpoint))
+        lake.run(config)
+        client = cluster.client()
+        eventually(lambda: len(client.workers("acme").workers) == 1, deadline_s=30)
+        client.admit(delta_request("acme", "feed", config.target.path))
+        queries = QueryClient(gateway, "acme", client_id="e2e")
+
+        def answer() -> list[int]:
+            return sorted(queries.query("feed", "SELECT _offset FROM feed").column("_offset").to_pylist())
+
+        def answered(expected: list[int]) -> bool:
+            try:
+                return answer() == expected
+            except Exception:  # noqa: BLE001 (not READY yet: polled again)
+                return False
+
+        eventually(lambda: answered(list(range(20))), deadline_s=90)
+        answers: list[list[int]] = []
+        errors: list[BaseException] = []
+
+        def keep_querying() -> None:
+            while not stop.is_set():
+                try:
+                    answers.append(answer())
+                except Exception as exc:  # noqa: BLE001 (collected, asserted below)
+                    errors.append(exc)
+
+        reader = threading.Thread(target=keep_querying, name="gateway-queries", daemon=True)
+        reader.start()
+        total = 20
+        for more in (15, 25, 10):
+            topic.append(more)
+            lake.run(config)
+            total += more
+        eventually(lambda: answers and answers[-1] == list(range(total)), deadline_s=90)
+        stop.set()
+        reader.join(30)
+        versions = _committed_offsets(config.target.path)
+        assert versions[-1] == list(range(total))
+        assert not errors, errors[:3]
+        assert len(answers) > 10, len(answers)
+        for offsets in answers:
+            assert offsets in versions, f"an answer of {len(offsets)} rows matches no committed version"
+    except BaseException:
+        print(cluster.dump_logs())
+        raise
+    finally:
+        stop.set()
         cluster.stop()
