@@ -48,7 +48,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
 from common import (  # noqa: E402
-    Column, Timing, drain_timed, machine_info, print_table, profile_top, timed, tree_cpu_s, write_results,
+    Column, Timing, drain_timed, machine_info, print_table, profile_top, run_in_workdir, timed, tree_cpu_s,
+    write_results,
 )
 from broker.uploader import INDEX_EVERY_FRAMES  # noqa: E402
 from danube_core import keys  # noqa: E402
@@ -540,15 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.messages < 1 or args.big_object_mb < 1 or args.repeat < 1 or min(args.descriptors) < 4:
         parser.error("--messages, --big-object-mb and --repeat must be >= 1, --descriptors >= 4")
-    work = Path(tempfile.mkdtemp(prefix="bench-connector-"))
-    load_start = round(os.getloadavg()[0], 2)
-    try:
-        with timed() as t:
-            result = run(args, work)
-        result.update(load_average_1m_start=load_start, total_wall_s=round(t.wall_s, 1))
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+    result = run_in_workdir("bench-connector-", lambda work: run(args, work), keep=args.keep)
     report(result)
     write_results("connector", result)
     return 0

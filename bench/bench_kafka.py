@@ -46,7 +46,7 @@ sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 import bench_connector as data  # noqa: E402  (the danube topic's frames, objects and etcd keys)
 import jfr_profile  # noqa: E402
 import pyspy_profile  # noqa: E402
-from common import Column, machine_info, print_table, timed, tree_cpu_s, write_results  # noqa: E402
+from common import Column, machine_info, print_table, run_in_workdir, timed, tree_cpu_s, write_results  # noqa: E402
 from kafka_server import KAFKA_VERSION, KafkaNode, fetch_kafka_jars  # noqa: E402
 
 TOPIC_1, TOPIC_4 = data.MAIN_TOPIC, [f"/bench/orders4-part-{p}" for p in range(4)]
@@ -362,14 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.messages < 4 or args.repeat < 1 or not args.only <= {"parquet", "danube", "kafka"} \
             or not set(args.parts) <= {1, 4}:
         parser.error("--messages must be >= 4, --repeat >= 1, --only among parquet,danube,kafka, --parts among 1,4")
-    work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
-    load_start = round(os.getloadavg()[0], 2)
-    try:
-        with timed() as t:
-            result = run(args, work)
-        result.update(load_average_1m_start=load_start, total_wall_s=round(t.wall_s, 1))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    result = run_in_workdir("bench-kafka-", lambda work: run(args, work))
     report(result)
     write_results("kafka", result)
     return 0

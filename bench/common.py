@@ -21,6 +21,8 @@ import json
 import os
 import platform
 import pstats
+import shutil
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -167,3 +169,18 @@ def write_results(name: str, report: Mapping[str, Any]) -> Path:
         shown = path
     print(f"wrote {shown}")
     return path
+
+
+def run_in_workdir(prefix: str, run: Callable[[Path], dict[str, Any]], *, keep: bool = False) -> dict[str, Any]:
+    """`run(work)` in a fresh temporary directory (removed unless `keep`), its result with the
+    load average at the start and the total wall time: what every benchmark reports beside its cases."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    load_start = round(os.getloadavg()[0], 2)
+    try:
+        with timed() as t:
+            result = run(work)
+        result.update(load_average_1m_start=load_start, total_wall_s=round(t.wall_s, 1))
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return result
