@@ -88,7 +88,10 @@ def test_shared_subscription_alternates_between_connected_consumers():
         sessions = [ConsumerSession(i, f"c{i}", "s", "/ns/t") for i in range(2)]
         for session in sessions:
             sub.add_consumer(session, 0)
-        collecting = [asyncio.create_task(_collect(s.stream(sub.on_attach, sub.on_detach), 5)) for s in sessions]
+        # each acks what it gets: the first to finish would otherwise hand its unacked messages
+        # to the other on detaching (a scheduling race this test once lost)
+        collecting = [asyncio.create_task(_collect(s.stream(sub.on_attach, sub.on_detach), 5, sub.ack))
+                      for s in sessions]
         await asyncio.sleep(0)  # both streams attached before the first message is read
         sub.start_feed(FakeStorage(list(range(10))), 0)
         results = await asyncio.wait_for(asyncio.gather(*collecting), 10)
