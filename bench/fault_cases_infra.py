@@ -97,9 +97,7 @@ def etcd_kill_restart(workdir: Path, _etcd: Etcd, sizes: Sizes) -> dict:
                 own.start()
                 back = time.monotonic()
                 while_down = sum(down <= t < back for t in producer.ack_times)
-                at_restart = len(producer.acked)
-                first = poll(lambda: producer.first_ack_after(back), 180, "first ack after etcd restarted")
-                poll(lambda: len(producer.acked) >= at_restart + sizes.after, 180, f"{sizes.after} acks after")
+                first = _sends_resumed(producer, back, sizes, "etcd restarted")
             finally:
                 producer.stop()
             counts = _drain(rig, config, runs, producer)
@@ -107,6 +105,15 @@ def etcd_kill_restart(workdir: Path, _etcd: Etcd, sizes: Sizes) -> dict:
                        f"{while_down} sends acknowledged while etcd was down; {_restarts(runs)}")
     finally:
         own.stop()
+
+
+def _sends_resumed(producer: AckingProducer, back: float, sizes: Sizes, what: str) -> float:
+    """When the first send after the fault ended (`back`) was acknowledged, once `sizes.after`
+    more sends were."""
+    at_restart = len(producer.acked)
+    first = poll(lambda: producer.first_ack_after(back), 180, f"first ack after {what}")
+    poll(lambda: len(producer.acked) >= at_restart + sizes.after, 180, f"{sizes.after} acks after")
+    return first
 
 
 def etcd_slow(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
@@ -125,9 +132,7 @@ def etcd_slow(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
                 time.sleep(sizes.fault_s)  # the fault's length
                 proxy.set_mode(PASS)
                 back = time.monotonic()
-                at_restart = len(producer.acked)
-                first = poll(lambda: producer.first_ack_after(back), 180, "first ack after etcd sped up")
-                poll(lambda: len(producer.acked) >= at_restart + sizes.after, 180, f"{sizes.after} acks after")
+                first = _sends_resumed(producer, back, sizes, "etcd sped up")
             finally:
                 producer.stop()
             counts = _drain(rig, config, runs, producer)
