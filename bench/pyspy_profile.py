@@ -1,4 +1,4 @@
-"""Sampled CPU profiles of the Python processes Spark starts, with py-spy.
+"""Sampled CPU profiles of Python processes other than the benchmark's own, with py-spy.
 
 A Python data source runs in processes the JVM forks (the `pyspark.daemon` and its workers for
 `read()`, one long-lived process per streaming query for `latestOffset`/`partitions`), so
@@ -11,6 +11,9 @@ so sample counts are proportional to CPU time.
     with PythonProfile(jvm_pid) as prof:
         run_case()
     prof.summary(top=15)   # {"samples": ..., "rate_hz": ..., "own": [...], "inclusive": [...]}
+
+Servers a benchmark starts itself (a broker, speed-layer workers, a gateway) are profiled the
+same way by pid: `PythonProfile(pids=[broker.pid])`.
 
 py-spy is in the `bench` extra; without it `available()` is False and a benchmark reports
 no profile rather than failing. Its own CPU is not part of any timed run: profile a separate
@@ -26,6 +29,7 @@ import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Sequence
 
 RATE_HZ = 200
 POLL_S = 0.05
@@ -65,10 +69,12 @@ def _python_descendants(root: int) -> list[int]:
 
 
 class PythonProfile:
-    """py-spy on every Python process under `root_pid` while the `with` block runs."""
+    """py-spy on every Python process under `root_pid` (a JVM), and on the given `pids` (servers
+    a benchmark started itself, with their children), while the `with` block runs."""
 
-    def __init__(self, root_pid: int, rate_hz: int = RATE_HZ) -> None:
+    def __init__(self, root_pid: int | None = None, rate_hz: int = RATE_HZ, pids: Sequence[int] = ()) -> None:
         self.root = root_pid
+        self.pids = list(pids)
         self.rate = rate_hz
         self.dir = Path(tempfile.mkdtemp(prefix="pyspy-"))
         self.recorders: dict[int, subprocess.Popen] = {}
@@ -85,7 +91,8 @@ class PythonProfile:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            for pid in _python_descendants(self.root):
+            found = self.pids + (_python_descendants(self.root) if self.root is not None else [])
+            for pid in found:
                 if pid not in self.recorders:
                     self._attach(pid)
             self._stop.wait(POLL_S)
