@@ -2,8 +2,10 @@
 
 Appends N messages with a 100-byte payload from one thread, then closes the WAL (final flush
 included in the time), for `durable` on and off at a short and the default flush interval.
-Prints a table (msgs/s, MB/s of frame bytes written, flushes, fsync(2) calls) and the
-durable / non-durable throughput ratio per interval, and writes bench/results/wal_append.json.
+Prints a table (msgs/s, CPU and wall seconds, MB/s of frame bytes written, flushes, fsync(2)
+calls) and the durable / non-durable throughput ratio per interval, and writes
+bench/results/wal_append.json with the load it ran under and a cProfile of the durable append
+path (a separate, untimed run).
 
     python bench/bench_wal_append.py [--messages 200000] [--root /tmp/dir]
 """
@@ -11,44 +13,50 @@ durable / non-durable throughput ratio per interval, and writes bench/results/wa
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import Column, machine_info, print_table, profile_top, timed, write_results  # noqa: E402
 from broker.wal import Wal, WalConfig  # noqa: E402
 from danube_core.message import MessageID, StreamMessage  # noqa: E402
 from danube_core.topics import TopicName  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "wal_append.json"
+PROFILE_MESSAGES = 50_000
 PAYLOAD = bytes(range(100))
 INTERVALS_MS = (5, 5000)
 
 
-def run_case(root: str, messages: int, durable: bool, interval_ms: int) -> dict:
-    """Append `messages` messages into a fresh topic dir; returns the measurements."""
-    topic = TopicName("bench", f"wal-{'durable' if durable else 'plain'}-{interval_ms}ms")
+def append_all(root: str, messages: int, durable: bool, interval_ms: int, label: str = "") -> Wal:
+    """Append `messages` messages into a fresh topic dir and close the WAL (final flush included)."""
+    topic = TopicName("bench", f"wal-{'durable' if durable else 'plain'}-{interval_ms}ms{label}")
     config = WalConfig(root=root, durable=durable, fsync_interval_ms=interval_ms)
     template = MessageID(producer_id=1, topic_name=topic.broker_name, broker_addr="", topic_offset=0)
     wal = Wal.open(topic, config)
-    started = time.perf_counter()
     for i in range(messages):
         wal.append(StreamMessage(i, template, PAYLOAD, 1_700_000_000_000 + i, "bench"))
     wal.close()
-    elapsed = time.perf_counter() - started
+    return wal
+
+
+def run_case(root: str, messages: int, durable: bool, interval_ms: int) -> dict:
+    """Append `messages` messages into a fresh topic dir; returns the measurements."""
+    with timed() as t:
+        wal = append_all(root, messages, durable, interval_ms)
+    elapsed = t.wall_s
     written = sum(os.path.getsize(s.path) for s in wal.segments())
     return {
         "durable": durable,
         "fsync_interval_ms": interval_ms,
         "messages": messages,
         "seconds": round(elapsed, 3),
+        "cpu_s": round(t.cpu_s, 3),
         "msgs_per_s": round(messages / elapsed),
+        "msgs_per_cpu_s": round(messages / max(t.cpu_s, 1e-9)),
         "mb_per_s": round(written / elapsed / 1e6, 2),
         "bytes_written": written,
         "flushes": wal.flush_count,
@@ -61,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--root", help="WAL root (default: a temporary directory, removed after)")
     args = parser.parse_args(argv)
+    load_start = round(os.getloadavg()[0], 2)
     root = args.root or tempfile.mkdtemp(prefix="bench-wal-")
     try:
         cases = [
@@ -68,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             for interval in INTERVALS_MS
             for durable in (False, True)
         ]
+        profile = profile_top(lambda: append_all(root, PROFILE_MESSAGES, True, INTERVALS_MS[0], "-profile"), top=12)
     finally:
         if args.root is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -76,24 +86,26 @@ def main(argv: list[str] | None = None) -> int:
         plain, durable = (next(c for c in cases if c["durable"] is d and c["fsync_interval_ms"] == interval)
                           for d in (False, True))
         ratios[f"{interval}ms"] = round(durable["msgs_per_s"] / plain["msgs_per_s"], 3)
-    print(f"{'durable':>8} {'interval':>9} {'msgs/s':>10} {'MB/s':>8} {'flushes':>8} {'fsyncs':>8}")
-    for c in cases:
-        print(f"{str(c['durable']):>8} {c['fsync_interval_ms']:>7}ms {c['msgs_per_s']:>10} "
-              f"{c['mb_per_s']:>8} {c['flushes']:>8} {c['fsyncs']:>8}")
+    print_table(cases, [Column("durable", "durable"), Column("interval ms", "fsync_interval_ms"),
+                        Column("msgs/s", "msgs_per_s", "{:,}"), Column("msgs/CPU s", "msgs_per_cpu_s", "{:,}"),
+                        Column("wall s", "seconds"), Column("CPU s", "cpu_s"), Column("MB/s", "mb_per_s"),
+                        Column("flushes", "flushes"), Column("fsyncs", "fsyncs")])
     for interval, ratio in ratios.items():
         print(f"durable / non-durable throughput at {interval}: {ratio}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    report = {
+    print(f"load average at start {load_start}; hot path (durable, {INTERVALS_MS[0]} ms, "
+          f"{PROFILE_MESSAGES:,} messages, own time):")
+    for row in profile[:6]:
+        print(f"  {row['share']:>6.1%}  {row['function']}")
+    write_results("wal_append", {
         "benchmark": "wal_append",
         "payload_bytes": len(PAYLOAD),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
+        "machine": machine_info(),
+        "load_average_1m_start": load_start,
         "cases": cases,
         "durable_over_plain_ratio": ratios,
-    }
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+        "profile": {"case": f"durable, {INTERVALS_MS[0]} ms interval, {PROFILE_MESSAGES} messages",
+                    "tool": "cProfile", "top_own_time": profile},
+    })
     return 0
 
 
