@@ -23,6 +23,7 @@ Prints a table and writes bench/results/metadata_cache.json.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -35,7 +36,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
 from bench_connector import put_all, topic_items  # noqa: E402
-from common import Column, machine_info, print_table, timed, write_results  # noqa: E402
+from common import Column, machine_info, print_table, profile_top, timed, write_results  # noqa: E402
 from broker.embedded_etcd import EmbeddedEtcd  # noqa: E402
 from danube_core import keys  # noqa: E402
 from danube_core.local_cache import LocalCache  # noqa: E402
@@ -46,6 +47,7 @@ from danube_core.topics import TopicName  # noqa: E402
 
 TOPIC = "/bench/cached"
 OBJECT_OFFSETS = 100  # messages per descriptor
+PROFILE_TRIGGERS = 20
 CASES = ("without cache (etcd per trigger)", "with cache")
 
 
@@ -115,6 +117,7 @@ def run_case(endpoint: str, cached: bool, triggers: int, interval_s: float) -> d
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
     from connectors import options as options_module
+    from connectors.cursor_commit import CursorWriter
     from connectors.stream import DanubeStreamReader
 
     counters: list[CountingStore] = []
@@ -129,8 +132,9 @@ def run_case(endpoint: str, cached: bool, triggers: int, interval_s: float) -> d
         }))
         with timed() as started:  # etcd connection, subscription lock, the cache's first load
             state = reader._driver()
-            if not cached:
-                state.catalog = state.etcd_catalog  # the baseline: the same driver planning from etcd
+            if not cached:  # the baseline: the same driver planning, and writing its lag, from etcd
+                state.catalog = state.etcd_catalog
+                state.writer = CursorWriter(state.metadata, state.writer.subscription)
             start = reader.initialOffset()
     finally:
         options_module.EtcdSettings.connect, LocalCache.start = original, original_start
@@ -149,6 +153,15 @@ def run_case(endpoint: str, cached: bool, triggers: int, interval_s: float) -> d
             time.sleep(interval_s)  # a processingTime trigger
         loaded_keys = len(state.cache.get_prefix(keys.StorageKeys().objects_prefix(TOPIC), keys_only=True)) \
             if cached else None
+
+        def plan_more() -> None:  # untimed triggers under cProfile: the planning hot path
+            nonlocal start
+            for _ in range(PROFILE_TRIGGERS):
+                end = reader.latestOffset(start, ReadAllAvailable())
+                reader.partitions(start, end)
+                start = end
+
+        profile = profile_top(plan_more, top=12)
     finally:
         reader.stop()
     steady = rows[1:]
@@ -164,6 +177,7 @@ def run_case(endpoint: str, cached: bool, triggers: int, interval_s: float) -> d
         "first_10_median_ms": round(statistics.median(r["wall_ms"] for r in steady[:10]), 3),
         "last_10_median_ms": round(statistics.median(r["wall_ms"] for r in steady[-10:]), 3),
         "descriptors_in_cache_at_end": loaded_keys,
+        "profile": {"case": f"{PROFILE_TRIGGERS} more triggers, untimed", "tool": "cProfile", "top_own_time": profile},
     }
 
 
@@ -175,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--object-interval-ms", type=float, default=100.0)
     args = parser.parse_args(argv)
 
+    load_start = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as work, EmbeddedEtcd(data_dir=f"{work}/etcd") as etcd:
         write_s = write_topic(etcd.endpoint, args.descriptors)
         print(f"wrote {args.descriptors:,} descriptors in {write_s:.1f}s")
@@ -199,9 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         Column("range reads/trigger", "range_reads_per_trigger", "{:.2f}"),
         Column("first10 ms", "first_10_median_ms", "{:.2f}"), Column("last10 ms", "last_10_median_ms", "{:.2f}"),
     ], title=f"{args.descriptors:,} descriptors, {objects_added} objects added while streaming; "
-             f"{args.triggers} triggers per case (steady state excludes the first)")
+             f"{args.triggers} triggers per case (steady state excludes the first); load at start {load_start}")
+    for row in results:
+        print(f"\n{row['case']}: planning hot path ({row['profile']['case']}, own time)")
+        for fn in row["profile"]["top_own_time"][:6]:
+            print(f"  {fn['share']:>6.1%}  {fn['function']}")
     write_results("metadata_cache", {
-        "machine": machine_info(), "descriptors": args.descriptors, "write_seconds": round(write_s, 1),
+        "machine": machine_info(), "load_average_1m_start": load_start, "descriptors": args.descriptors, "write_seconds": round(write_s, 1),
         "objects_added_while_streaming": objects_added, "trigger_interval_ms": args.trigger_interval_ms,
         "object_interval_ms": args.object_interval_ms, "results": results,
     })

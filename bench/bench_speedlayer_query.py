@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 from common import Column, machine_info, print_table, tree_cpu_s, write_results  # noqa: E402
+from pyspy_profile import print_summary, profile_processes  # noqa: E402
 
 POINT_GOAL_MS, POINT_GOAL_RATIO, AGG_GOAL_RATIO = 20.0, 100.0, 10.0
 POINT_SQL = "SELECT * FROM orders WHERE order_id = '{id}'"
@@ -161,12 +162,18 @@ def speed_layer_phase(path: str, rows: int, samples: int, seconds: float, phases
             run(AGG_SQL)  # warm
             point = timed_queries(run, [POINT_SQL.format(id=f"o-{rng.randrange(rows):09d}") for _ in range(samples)])
             agg = timed_queries(run, [AGG_SQL] * max(10, samples // 4))
+            profile = profile_processes(
+                [p.pid for p in layer.processes.values()],
+                lambda: timed_queries(run, [POINT_SQL.format(id=f"o-{rng.randrange(rows):09d}") for _ in range(100)]
+                                      + [AGG_SQL] * 25))
         with Phase("speedlayer_8_clients", phases):
             qps = concurrent_load(layer.gateway, "bench", rows, 8, seconds)
         with Phase("speedlayer_worker_kill", phases):
             kill = concurrent_load(layer.gateway, "bench", rows, 8, seconds, during=lambda: layer.kill("worker-w1"))
         return {"epoch": epoch, "point": percentiles(point), "aggregate": percentiles(agg), "qps_8_clients": qps,
-                "worker_kill": kill}
+                "worker_kill": kill,
+                "profile": {"case": "100 point lookups and 25 aggregates through the gateway, untimed",
+                            "processes": "gateway, master, workers (py-spy)", **profile}}
     finally:
         layer.stop()
         etcd.stop()
@@ -259,6 +266,7 @@ def main() -> int:
     print_table([{"phase": k, **v} for k, v in phases.items()],
                 [Column("phase", "phase"), Column("wall s", "wall_s", "{:.2f}"), Column("CPU s", "cpu_s", "{:.2f}"),
                  Column("load 1m", "load_1m", "{:.2f}")], title=f"load average before: {load_before}")
+    print_summary("hot path, gateway and workers (own samples)", ours["profile"])
     write_results("speedlayer_query", {
         "machine": machine_info(), "load_before": load_before, "rows": args.rows, "appends": args.appends,
         "speedlayer": ours, "spark": spark, "phases": phases,

@@ -29,7 +29,7 @@ import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 RATE_HZ = 200
 POLL_S = 0.05
@@ -37,6 +37,27 @@ POLL_S = 0.05
 
 def available() -> bool:
     return shutil.which("py-spy") is not None
+
+
+def profile_processes(pids: Sequence[int], run: Callable[[], object], top: int = 12) -> dict:
+    """`run()` once under py-spy attached to `pids` (and their Python children): the summary, or
+    why there is none. For a benchmark's servers; the run is extra, so its time counts nowhere."""
+    if not available():
+        return {"skipped": "py-spy is not installed (pip install -e '.[bench]')"}
+    with PythonProfile(pids=pids) as profile:
+        run()
+    return profile.summary(top=top)
+
+
+def print_summary(title: str, summary: dict, top: int = 8) -> None:
+    """The `top` functions by own samples of a `PythonProfile.summary()`, or why there is none."""
+    if "own" not in summary:
+        print(f"\n{title}: no profile ({summary.get('skipped') or summary.get('error')})")
+        return
+    print(f"\n{title}: {summary['samples']:,} samples, ~{summary['cpu_s_estimate']} CPU s of Python "
+          f"in {summary['processes']} processes")
+    for row in summary["own"][:top]:
+        print(f"  {row['share']:>6.1%}  {row['function']}")
 
 
 def _children() -> dict[int, list[int]]:

@@ -112,11 +112,14 @@ class RunAudit:
         return {d.object_id for d in self.stale_descriptors}
 
     def continues(self, newest: ObjectDescriptor) -> bool:
-        """Whether `newest` (the descriptor `cur` names now) is this audit's run, moved on."""
-        if any(d.object_id == newest.object_id for d in self.current_descriptors):
-            return True
+        """Whether `newest` (the descriptor `cur` names now) is this audit's run, moved on.
+
+        Asked every trigger: the cheap answers come first, and the run is searched newest
+        first (`cur` names its last upload or a new one), so a long history costs nothing."""
         if self.current_descriptors:
-            return newest.start_offset > self.current_descriptors[-1].end_offset
+            if newest.start_offset > self.current_descriptors[-1].end_offset:
+                return True
+            return any(d.object_id == newest.object_id for d in reversed(self.current_descriptors))
         return self.current_first is None or newest.start_offset >= self.current_first
 
     def advance(self, newer: Sequence[ObjectDescriptor]) -> None:
@@ -142,7 +145,11 @@ class RunAudit:
         """Reused offsets inside `[start, stop)`: held by the current run and a stale source.
 
         (Offsets the current run does not hold are gaps, which the planner reports as such.)
+        A clean run reuses nothing: answered at once, as every trigger of a stream asks, and
+        `held` grows with the run's history.
         """
+        if not self.stale_sources:
+            return []
         bounds = {c for a, b in self.held for c in (a, b)}
         bounds |= {c for s in self.stale_sources for c in (s.first_offset, s.stop_offset)}
         cuts = sorted({start, stop, *(c for c in bounds if start < c < stop)})
