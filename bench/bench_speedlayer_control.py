@@ -20,6 +20,7 @@ Writes bench/results/speedlayer_control.json.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -32,6 +33,7 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 from common import Column, machine_info, print_table, write_results  # noqa: E402
+from pyspy_profile import print_summary, profile_processes  # noqa: E402
 
 from speedlayer.client import delta_request  # noqa: E402
 from speedlayer.records import GlobalConfig  # noqa: E402
@@ -169,6 +171,9 @@ def bench_admission(root: Path, count: int, table: str) -> dict:
             dt.get_add_actions(flatten=True)
             log_ms.append((time.perf_counter() - started) * 1000)
         files = client.status("bench", "ds0").epochs[0].file_count
+        masters = [process.pid for process, _ in cluster.masters.values()]
+        profile = profile_processes(masters, lambda: [client.admit(delta_request("bench", f"profiled{index}", table))
+                                                      for index in range(min(count, 20))])
     finally:
         if stubs is not None:
             stubs.kill()
@@ -180,7 +185,9 @@ def bench_admission(root: Path, count: int, table: str) -> dict:
             "admit_p50_ms": round(statistics.median(admit_ms), 1), "admit_p99_ms": round(p99, 1),
             "admit_max_ms": round(max(admit_ms), 1), "goal_p99_ms": GOAL_P99_MS,
             "baseline_delta_log_read_p50_ms": round(statistics.median(log_ms), 1),
-            "baseline_idempotent_retry_p50_ms": round(statistics.median(retry_ms), 1)}
+            "baseline_idempotent_retry_p50_ms": round(statistics.median(retry_ms), 1),
+            "profile": {"case": f"{min(count, 20)} more admissions, untimed", "processes": "the master (py-spy)",
+                        **profile}}
 
 
 def main() -> int:
@@ -190,6 +197,7 @@ def main() -> int:
     parser.add_argument("--admissions", type=int, default=40)
     parser.add_argument("--files", type=int, default=1000)
     args = parser.parse_args()
+    load_start = round(os.getloadavg()[0], 2)
     root = Path(tempfile.mkdtemp(prefix="bench-speedlayer-"))
     table = str(root / "table")
     write_table(table, args.files)
@@ -208,8 +216,11 @@ def main() -> int:
         {"case": f"admission -> ASSIGNED, {admission['files']} files, {args.admissions} runs",
          "measured": f"p50 {admission['admit_p50_ms']} ms, p99 {admission['admit_p99_ms']} ms (goal <= {GOAL_P99_MS})",
          "baseline": f"log read {admission['baseline_delta_log_read_p50_ms']} ms; retry {admission['baseline_idempotent_retry_p50_ms']} ms"},
-    ], [Column("case", "case"), Column("measured", "measured"), Column("baseline (same run)", "baseline")])
-    write_results("speedlayer_control", {"machine": machine_info(), "failover": failover,
+    ], [Column("case", "case"), Column("measured", "measured"), Column("baseline (same run)", "baseline")],
+        title=f"load at start {load_start}")
+    print_summary("admission hot path, the master (own samples)", admission["profile"])
+    write_results("speedlayer_control", {"machine": machine_info(), "load_average_1m_start": load_start,
+                                         "failover": failover,
                                          "worker_loss": workers, "admission": admission})
     return 0
 
