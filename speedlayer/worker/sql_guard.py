@@ -6,10 +6,16 @@ settings a caller could change. The gateway's tenant check is only a boundary if
 forwards can reach nothing but the dataset it names, bound to one pinned epoch. So before a query
 runs, its parse tree (DuckDB's own parser, through `json_serialize_sql`) is walked: one SELECT,
 table references only to the dataset or to CTEs the query defines, no table functions.
+
+Parsing costs about a millisecond of the worker's CPU, most of a point lookup's, and dashboards
+and freshness polls send the same text again and again: accepted (query, dataset) pairs are
+remembered (a bounded LRU). A verdict depends on nothing but the text and the dataset's name, so
+a remembered one is never stale; refusals are not remembered (each raises anew).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from typing import Any, Iterator
@@ -17,6 +23,7 @@ from typing import Any, Iterator
 from speedlayer.errors import InvalidQueryError
 
 _parser = threading.local()
+ACCEPTED_CACHE_SIZE = 4096
 
 
 def _parse_tree(sql: str) -> dict[str, Any]:
@@ -51,6 +58,18 @@ def _cte_names(nodes: list[dict[str, Any]]) -> set[str]:
 def check_query(sql: str, dataset: str) -> None:
     """Raise InvalidQueryError naming the dataset unless `sql` is one SELECT that reads only
     `dataset` (unqualified) and CTEs it defines."""
+    _accepted(sql, dataset)
+
+
+@functools.lru_cache(maxsize=ACCEPTED_CACHE_SIZE)
+def _accepted(sql: str, dataset: str) -> bool:
+    """True once `sql` passed the checks (lru_cache keeps no raised exception, so only
+    acceptances are remembered)."""
+    _check(sql, dataset)
+    return True
+
+
+def _check(sql: str, dataset: str) -> None:
     import duckdb
 
     try:
