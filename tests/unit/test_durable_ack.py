@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import threading
+import os
 
 from broker.durable_ack import FlushWaiter
+from danube_core.checkpoints import WAL_CHECKPOINT_NAME, WalCheckpoint, read_checkpoint
 from danube_core.frames import scan_frames
+from tests.rig import eventually
 from tests.unit.test_wal import make_msg, open_wal
 
 
@@ -38,33 +40,21 @@ def test_sends_of_one_loop_turn_share_one_flush_and_resolve_only_once_on_disk(tm
     wal.close()
 
 
-def test_ack_does_not_wait_for_the_checkpoint_rewrite(tmp_path):
-    wal = open_wal(tmp_path, durable=True)
-    gate, in_checkpoint = threading.Event(), threading.Event()
-    publish = wal._publish_checkpoint
-
-    def held_checkpoint(checkpoint):
-        in_checkpoint.set()
-        assert gate.wait(30)
-        publish(checkpoint)
-
-    wal._publish_checkpoint = held_checkpoint
+def test_acked_sends_reach_wal_ckpt_with_the_periodic_flush(tmp_path):
+    wal = open_wal(tmp_path, durable=True, fsync_interval_ms=10)
+    ckpt_path = os.path.join(wal.directory, WAL_CHECKPOINT_NAME)
 
     async def scenario() -> None:
         waiter = FlushWaiter(wal, asyncio.get_running_loop(), "t")
-        offset = wal.append(make_msg(0))
-        await asyncio.wait_for(waiter.wait(offset), 30)
-        assert in_checkpoint.is_set() and not gate.is_set()
-        assert _offsets_in_file(wal) == [offset]
-        gate.set()
+        offsets = [wal.append(make_msg(i)) for i in range(5)]
+        await asyncio.wait_for(asyncio.gather(*(waiter.wait(o) for o in offsets)), 30)
+        assert _offsets_in_file(wal)[-1] == offsets[-1]
         await asyncio.to_thread(waiter.close)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        gate.set()
+    asyncio.run(scenario())
+    eventually(lambda: os.path.exists(ckpt_path)
+               and read_checkpoint(ckpt_path, WalCheckpoint).last_offset == 4, 30)
     wal.close()
-    assert wal.checkpoint is not None and wal.checkpoint.last_offset == 0
 
 
 def test_a_failed_flush_fails_the_waiting_sends(tmp_path):
@@ -101,3 +91,18 @@ def test_a_failed_flush_fails_the_waiting_sends(tmp_path):
     wal._fh = real_file  # the disk is back: the kept batch reaches the file on close
     wal.close()
     assert _offsets_in_file(wal) == [0]
+
+
+def test_group_commit_leaves_wal_ckpt_to_the_periodic_flush_and_close(tmp_path):
+    wal = open_wal(tmp_path, durable=True)  # no periodic flush during the test
+    wal.append(make_msg(0))
+    assert wal.flush(write_checkpoint=False) == 0
+    assert wal.checkpoint is not None and wal.checkpoint.last_offset == 0  # in memory at once
+    ckpt_path = os.path.join(wal.directory, WAL_CHECKPOINT_NAME)
+    assert not os.path.exists(ckpt_path)
+    assert wal.flush() == 0  # nothing to write but the pending checkpoint
+    assert read_checkpoint(ckpt_path, WalCheckpoint).last_offset == 0
+    wal.append(make_msg(1))
+    wal.flush(write_checkpoint=False)
+    wal.close()
+    assert read_checkpoint(ckpt_path, WalCheckpoint).last_offset == 1
