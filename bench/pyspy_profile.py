@@ -12,6 +12,9 @@ so sample counts are proportional to CPU time.
         run_case()
     prof.summary(top=15)   # {"samples": ..., "rate_hz": ..., "own": [...], "inclusive": [...]}
 
+`PythonProfile(pid, include_root=True)` profiles a Python server process itself (the broker in
+bench_ingest.py) and the Python processes it starts.
+
 py-spy is in the `bench` extra; without it `available()` is False and a benchmark reports
 no profile rather than failing. Its own CPU is not part of any timed run: profile a separate
 run of the case.
@@ -65,11 +68,14 @@ def _python_descendants(root: int) -> list[int]:
 
 
 class PythonProfile:
-    """py-spy on every Python process under `root_pid` while the `with` block runs."""
+    """py-spy on every Python process under `root_pid` (or on it) while the `with` block runs."""
 
-    def __init__(self, root_pid: int, rate_hz: int = RATE_HZ) -> None:
+    def __init__(self, root_pid: int, rate_hz: int = RATE_HZ, include_root: bool = False) -> None:
+        """`include_root`: profile `root_pid` itself too (a Python server such as the broker),
+        not only the Python processes under it (a JVM's workers)."""
         self.root = root_pid
         self.rate = rate_hz
+        self.include_root = include_root
         self.dir = Path(tempfile.mkdtemp(prefix="pyspy-"))
         self.recorders: dict[int, subprocess.Popen] = {}
         self._stop = threading.Event()
@@ -85,7 +91,9 @@ class PythonProfile:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            for pid in _python_descendants(self.root):
+            # py-spy --subprocesses on the root already follows its Python children.
+            pids = [self.root] if self.include_root else _python_descendants(self.root)
+            for pid in pids:
                 if pid not in self.recorders:
                     self._attach(pid)
             self._stop.wait(POLL_S)
