@@ -14,7 +14,11 @@ answers every call at once. It is the ceiling this machine's Python gRPC stack a
 
     python bench/bench_ingest.py [--messages 10000] [--in-flight 64] [--flush-interval-ms 5]
 
-Prints a table and writes bench/results/ingest.json.
+Prints a table and writes bench/results/ingest.json. The JSON also holds the load average
+before and after each case (other work on the machine slows both sides; CPU per message is
+steadier than msgs/s) and `broker_profile`: the broker's hot path (py-spy sampling the broker
+process, top functions by own and by inclusive samples) during a separate, untimed run of the
+1-producer case, so the sampler's cost is in no figure of the table.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from broker.embedded_etcd import EmbeddedEtcd, free_port, wait_for_port  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pyspy_profile  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ingest.json"
 PAYLOAD = bytes(range(100))
@@ -119,6 +126,7 @@ def run_case(url: str, topic: str, producers: int, messages: int, in_flight: int
     CPU per message, of the client processes and of the server, shows which side bounds the
     rate: on 2 cores, both near 100% of a core means the machine, not the broker, is the limit.
     """
+    load_before = os.getloadavg()[0]
     server_cpu = _cpu_seconds(server_pid)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
@@ -143,6 +151,8 @@ def run_case(url: str, topic: str, producers: int, messages: int, in_flight: int
         "mean_ms": round(statistics.fmean(latencies) * 1000, 2),
         "client_cpu_us_per_msg": round(sum(r["cpu_s"] for r in results) / total * 1e6),
         "server_cpu_us_per_msg": round(server_cpu / total * 1e6),
+        "load_1m_before": round(load_before, 2),
+        "load_1m_after": round(os.getloadavg()[0], 2),
     }
 
 
@@ -165,6 +175,15 @@ def _start_broker(workdir: Path, etcd: EmbeddedEtcd, flush_interval_ms: int) -> 
                             cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)})
     wait_for_port(port)
     return proc, f"http://127.0.0.1:{port}"
+
+
+def _profile_broker(url: str, broker_pid: int, messages: int, in_flight: int) -> dict:
+    """py-spy on the broker during an extra, untimed 1-producer run: where its CPU goes."""
+    if not pyspy_profile.available():
+        return {"skipped": "py-spy is not installed (pip install danube-spark[bench])"}
+    with pyspy_profile.PythonProfile(pids=[broker_pid]) as prof:
+        run_case(url, "/default/ingest-profile", 1, messages, in_flight, broker_pid)
+    return prof.summary(top=30)  # the first ~10 inclusive rows are interpreter and thread bootstrap
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -201,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"target": "no-op", **base})
             real = run_case(url, f"/default/ingest-{producers}p", producers, args.messages, args.in_flight, broker.pid)
             rows.append({"target": "broker", **real, "ratio": round(real["msgs_per_s"] / base["msgs_per_s"], 2)})
+        profile = _profile_broker(url, broker.pid, args.messages, args.in_flight)
     finally:
         broker.send_signal(signal.SIGTERM)
         broker.wait(60)
@@ -209,12 +229,17 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     _print_table(rows)
     print(f"durable writes: fsync + ack after flush (group commit); file_sync.interval_ms={args.flush_interval_ms}")
+    print(f"load average (1 min) {rows[0]['load_1m_before']} at the start, {rows[-1]['load_1m_after']} at the end")
+    for entry in profile.get("own", [])[:8]:
+        print(f"  broker hot path (own samples): {entry['share']:>6.1%}  {entry['function']}")
     report = {
         "benchmark": "ingest through danube-client 0.5 (100-byte messages, durable)",
-        "flush": {"durable": True, "interval_ms": args.flush_interval_ms, "ack": "after the WAL flush + fsync (group commit)"},
+        "flush": {"durable": True, "interval_ms": args.flush_interval_ms,
+                  "ack": "after the WAL write + fsync (group commit, one per event-loop turn)"},
         "in_flight_per_producer": args.in_flight,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "rows": rows,
+        "broker_profile": profile,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")

@@ -4,7 +4,8 @@ One `Wal` per reliable topic owns the topic's file handles (single writer). `app
 message the next offset, stamps it into `msg_id.topic_offset` (§2.6), encodes it and adds the
 frame to an in-memory batch; the batch reaches the file on `flush`, when it grows past
 `max_batch_bytes`, or every `fsync_interval_ms` from a background thread. Every non-empty flush
-rewrites `wal.ckpt` through `wal.tmp` and a rename (§3.4).
+rewrites `wal.ckpt` through `wal.tmp` and a rename (§3.4), except a group-commit flush
+(`write_checkpoint=False`), whose checkpoint the next periodic flush or close writes.
 
 Deliberate differences from the v0.7.3 broker, all keeping the on-disk formats:
 * `durable=True` fsyncs the file on every flush and the checkpoint + directory on rename; the
@@ -134,6 +135,7 @@ class Wal:
         self._next_offset = 0
         self._last_flushed: int | None = None
         self._checkpoint: WalCheckpoint | None = None
+        self._checkpoint_pending: WalCheckpoint | None = None  # in memory, not yet in wal.ckpt
         self._max_seq = -1
         self._closed = False
         self.fsync_count = 0
@@ -280,23 +282,41 @@ class Wal:
             logger.info("WAL %s rotated to %s", self.directory, self._active_path)
             self._publish_checkpoint(checkpoint)
 
-    def flush(self) -> int | None:
+    def flush(
+        self, on_durable: Callable[[int], None] | None = None, *, write_checkpoint: bool = True
+    ) -> int | None:
         """Write the batch (fsync if durable) and `wal.ckpt`; returns the last flushed offset.
+
+        `on_durable(last_offset)` is called once the batch's frames are in the file (fsynced
+        when durable) and before `wal.ckpt` is rewritten: recovery scans the files, not the
+        checkpoint, so a publish can be acknowledged without waiting for the checkpoint's two
+        extra fsyncs. It is not called when the batch was empty.
+
+        `write_checkpoint=False` (the group commit, broker/durable_ack.py) updates the
+        in-memory checkpoint only and leaves the file to the next periodic flush, at most
+        `fsync_interval_ms` later, the broker's own cadence: a commit per loop turn would
+        otherwise pay two more fsyncs each. A flush with `write_checkpoint=True` writes a
+        pending checkpoint even when the batch is empty.
 
         An OSError from the disk propagates; the batch is kept and retried by the next flush.
         """
         with self._io_lock:
-            self._write_batch()
+            self._write_batch(on_durable, write_checkpoint)
         with self._lock:
             return self._last_flushed
 
-    def _write_batch(self) -> None:
+    def _write_batch(
+        self, on_durable: Callable[[int], None] | None = None, write_checkpoint: bool = True
+    ) -> None:
         """Caller holds `_io_lock`, never `_lock`: appends go on while the disk works."""
         with self._lock:
-            if not self._batch:
-                return
-            data, last = self._batch, self._batch_last
-            self._batch = bytearray()
+            data, last, pending = self._batch, self._batch_last, self._checkpoint_pending
+            if data:
+                self._batch = bytearray()
+        if not data:
+            if write_checkpoint and pending is not None:
+                self._publish_checkpoint(pending)
+            return
         self._append_to_file(data)
         self.flush_count += 1
         with self._lock:
@@ -304,7 +324,13 @@ class Wal:
             while len(self._recent) > self.config.cache_capacity and self._recent[0][0] <= last:
                 self._recent.popleft()
             checkpoint = self._build_checkpoint_locked()
-        self._publish_checkpoint(checkpoint)
+        if on_durable is not None:
+            on_durable(last)
+        if write_checkpoint:
+            self._publish_checkpoint(checkpoint)
+        else:
+            with self._lock:
+                self._checkpoint = self._checkpoint_pending = checkpoint
 
     def _append_to_file(self, data: bytearray) -> None:
         """All of `data` or nothing: on an OSError the file is cut back and the batch kept."""
@@ -332,6 +358,7 @@ class Wal:
             self.fsync_count += 2  # the checkpoint file and the directory
         with self._lock:
             self._checkpoint = checkpoint
+            self._checkpoint_pending = None
 
     def _active_segment_locked(self) -> WalSegment:
         first = self._active_first if self._active_last is not None else None

@@ -203,6 +203,58 @@ def test_kill_9_while_producing_then_restart_keeps_every_acked_message(etcd_endp
             proc.stop()
 
 
+def test_kill_9_with_64_sends_in_flight_every_acked_message_is_in_the_wal_files(etcd_endpoint, tmp_path,
+                                                                              unique_name):
+    """Group commit under a pipelined producer: a send is acknowledged only after its frame is
+    written (and fsynced: durable is on), so whatever the client saw acknowledged before the
+    SIGKILL is in the WAL files the dead broker left. (A kill keeps the page cache, so this
+    checks ack-after-write; tests/unit/test_durable_ack.py checks the frame is in the file.)"""
+    proc = BrokerProcess(etcd_endpoint, tmp_path, "a", str(tmp_path / "cloud")).start()
+    topic = f"/default/{unique_name('inflight')}"
+    acked: list[bytes] = []
+    in_flight_at_kill = []
+
+    async def scenario() -> None:
+        client = await DanubeClientBuilder().service_url(proc.url).build()
+        producer = (client.new_producer().with_topic(topic).with_name("inflight-producer")
+                    .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+                    .with_options(ProducerOptions(max_retries=1, base_backoff_ms=10)).build())
+        await producer.create()
+        slots = asyncio.Semaphore(64)
+        pending: set[asyncio.Task] = set()
+
+        async def send(payload: bytes) -> None:
+            try:
+                await producer.send(payload, {})
+            except Exception:  # not acknowledged: may or may not be stored
+                return
+            finally:
+                slots.release()
+            acked.append(payload)
+
+        i = 0
+        while len(acked) < 1500:
+            await slots.acquire()
+            task = asyncio.create_task(send(f"f-{i}".encode()))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            i += 1
+        in_flight_at_kill.append(len(pending))
+        proc.kill()
+        await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 120)
+
+    try:
+        asyncio.run(scenario())
+        assert in_flight_at_kill[0] > 1, "the kill should land while sends are pipelined"
+        stored = _wal_offsets(proc.wal_dir)
+        offsets = [offset for offset, _ in stored]
+        assert len(offsets) == len(set(offsets)), "an offset was used twice in the WAL"
+        missing = set(acked) - {payload for _, payload in stored}
+        assert not missing, f"{len(missing)} acknowledged messages are not in the WAL, e.g. {sorted(missing)[:5]}"
+    finally:
+        proc.stop()
+
+
 def test_dead_broker_topic_continues_on_survivor_after_last_uploaded_offset(etcd_endpoint, tmp_path, unique_name):
     cloud = str(tmp_path / "cloud")
     doomed = BrokerProcess(etcd_endpoint, tmp_path, "doomed", cloud).start()
