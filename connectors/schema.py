@@ -16,10 +16,9 @@ Executors decode frames into `MESSAGE_ARROW_SCHEMA` (raw, u64 columns as in the 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.types import (
     BinaryType,
     DecimalType,
@@ -33,6 +32,13 @@ from pyspark.sql.types import (
 )
 
 from danube_core.topics import TopicName
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy and pyarrow.compute are imported by the conversion functions, not here: the stream's
+# driver-side process (a fresh Python process per query) imports this module for the schema
+# alone, and the two cost it ~0.1 s of CPU.
 
 SOURCE_COLUMN = "source"
 U64_DECIMAL = DecimalType(20, 0)
@@ -88,38 +94,47 @@ def to_spark_batch(raw: pa.RecordBatch, topic: str, source: str | None) -> pa.Re
     columns = [
         _repeated_string(name.base_name, rows),
         pa.nulls(rows, pa.int32()) if partition is None else _repeated_int32(partition, rows),
-        pc.cast(raw.column("offset"), pa.int64()),
+        raw.column("offset").cast(pa.int64()),
         _publish_time(raw.column("publish_time")),
         raw.column("producer_name"),
         _u64_to_decimal(raw.column("producer_id")),
         raw.column("payload"),
         _cast(raw.column("attributes"), target.field("attributes").type),
         _u64_to_decimal(raw.column("schema_id")),
-        pc.cast(raw.column("schema_version"), pa.int64()),
+        raw.column("schema_version").cast(pa.int64()),
     ]
     if source is not None:
         columns.append(_repeated_string(source, rows))
     return pa.RecordBatch.from_arrays(columns, schema=target)
 
 
-def _u64_values(column: pa.Array) -> np.ndarray:
+def _u64_values(column: pa.Array) -> "np.ndarray":
     """A u64 column's value buffer as numpy (no copy; slots under nulls hold anything)."""
+    import numpy as np
+
     data = column.buffers()[1]
     return np.frombuffer(data, dtype="<u8", count=len(column) + column.offset)[column.offset:]
 
 
 def _repeated_string(value: str, rows: int) -> pa.Array:
+    import numpy as np
+
     data = value.encode()
     offsets = np.arange(rows + 1, dtype=np.int32) * np.int32(len(data))
     return pa.Array.from_buffers(pa.string(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data * rows)], 0)
 
 
 def _repeated_int32(value: int, rows: int) -> pa.Array:
+    import numpy as np
+
     return pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(np.full(rows, value, dtype=np.int32))], 0)
 
 
 def _publish_time(millis: pa.Array) -> pa.Array:
     """u64 milliseconds -> timestamp[us, UTC] in one multiply; beyond Spark's range -> null."""
+    import numpy as np
+    import pyarrow.compute as pc
+
     values = _u64_values(millis)
     micros = values.astype(np.int64) * np.int64(1000)  # wraps only where too_large masks it
     too_large = values > _MAX_PUBLISH_TIME_MS
@@ -137,6 +152,9 @@ def _u64_to_decimal(column: pa.Array) -> pa.Array:
     A u64 is the low word of a non-negative decimal128 whose high word is 0; this is exact and
     several times faster than Arrow's generic integer-to-decimal cast.
     """
+    import numpy as np
+    import pyarrow.compute as pc
+
     nulls = column.null_count
     words = np.zeros((len(column), 2), dtype=np.uint64)
     words[:, 0] = _u64_values(column)
