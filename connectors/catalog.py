@@ -46,6 +46,7 @@ from danube_core.topics import TopicName
 __all__ = ["TopicCatalog", "WAL_AUTO", "WAL_NONE"]  # the walRoot keywords, for options
 
 logger = logging.getLogger(__name__)
+PARSED_MEMO_SLACK, PARSED_MEMO_MIN = 4, 1024  # descriptors kept parsed: see TopicCatalog._parse
 
 
 
@@ -70,6 +71,8 @@ class TopicCatalog:
         self._fail_on_data_loss = fail_on_data_loss
         self._wal = None if wal_root == WAL_NONE else WalFinder(wal_root, storage_url, storage_options)
         self._sizes: dict[str, int] = {}
+        self._parsed: dict[tuple[str, bytes], ObjectDescriptor] = {}  # see _parse
+        self._parsed_peak = 0  # the most rows one read returned
         self._spans: dict[str, list[tuple[int, int]]] = {}  # topic -> (start, end) last seen
         self._object_dirs: dict[TopicName, str] = {}
         self._audits: dict[str, RunAudit] = {}
@@ -334,10 +337,21 @@ class TopicCatalog:
     # ---- descriptors ----------------------------------------------------------------------
 
     def _parse(self, rows: list[tuple[str, bytes]]) -> list[ObjectDescriptor]:
+        """Descriptors of the object keys among `rows`. A stream's trigger reads the same keys
+        twice (`latestOffset`, then `partitions`), and a backlog's are most of its planning
+        CPU, so parsed ones are kept by (key, stored bytes): a key written anew parses anew.
+        The memo is dropped once it outgrows the largest read several times over (keys
+        retention deleted or rewritten)."""
         out = []
         for key, raw in rows:
-            if keys.parse_object_key(key) is not None:
-                out.append(ObjectDescriptor.from_json(raw, key))
+            parsed = self._parsed.get((key, raw))
+            if parsed is None and keys.parse_object_key(key) is not None:
+                parsed = self._parsed[(key, raw)] = ObjectDescriptor.from_json(raw, key)
+            if parsed is not None:
+                out.append(parsed)
+        self._parsed_peak = max(self._parsed_peak, len(rows))
+        if len(self._parsed) > PARSED_MEMO_SLACK * self._parsed_peak + PARSED_MEMO_MIN:
+            self._parsed = {}
         return out
 
     def _descriptors_above_cur(self, topic: TopicName) -> tuple[int | None, list[ObjectDescriptor]]:
