@@ -67,8 +67,12 @@ def _python_descendants(root: int) -> list[int]:
 class PythonProfile:
     """py-spy on every Python process under `root_pid` while the `with` block runs."""
 
-    def __init__(self, root_pid: int, rate_hz: int = RATE_HZ) -> None:
+    def __init__(self, root_pid: int, rate_hz: int = RATE_HZ, only_root: bool = False) -> None:
+        """`only_root`: profile the Python process `root_pid` itself and nothing under it (a
+        driver's own process, where a streaming query's foreachBatch runs; its children may be
+        a broker or publishers, which are not the driver)."""
         self.root = root_pid
+        self.only_root = only_root
         self.rate = rate_hz
         self.dir = Path(tempfile.mkdtemp(prefix="pyspy-"))
         self.recorders: dict[int, subprocess.Popen] = {}
@@ -76,10 +80,11 @@ class PythonProfile:
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self.stacks: Counter[str] = Counter()
 
-    def _attach(self, pid: int) -> None:
+    def _attach(self, pid: int, subprocesses: bool = True) -> None:
         out = self.dir / f"{pid}.txt"
+        follow = ["--subprocesses"] if subprocesses else []
         self.recorders[pid] = subprocess.Popen(
-            ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--rate", str(self.rate), "--format", "raw",
+            ["py-spy", "record", "--pid", str(pid), *follow, "--rate", str(self.rate), "--format", "raw",
              "--output", str(out), "--nonblocking"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -91,12 +96,16 @@ class PythonProfile:
             self._stop.wait(POLL_S)
 
     def __enter__(self) -> "PythonProfile":
-        self._thread.start()
+        if self.only_root:
+            self._attach(self.root, subprocesses=False)
+        else:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
         for proc in self.recorders.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
