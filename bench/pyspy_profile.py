@@ -93,9 +93,13 @@ class PythonProfile:
     """py-spy on every Python process under `root_pid` (a JVM), and on the given `pids` (servers
     a benchmark started itself, with their children), while the `with` block runs."""
 
-    def __init__(self, root_pid: int | None = None, rate_hz: int = RATE_HZ, pids: Sequence[int] = ()) -> None:
+    def __init__(self, root_pid: int | None = None, rate_hz: int = RATE_HZ, pids: Sequence[int] = (),
+                 subprocesses: bool = True) -> None:
+        """`subprocesses=False`: the processes themselves only, not the Python processes they
+        start (a driver's own process, where foreachBatch runs, beside a broker it started)."""
         self.root = root_pid
         self.pids = list(pids)
+        self.subprocesses = subprocesses
         self.rate = rate_hz
         self.dir = Path(tempfile.mkdtemp(prefix="pyspy-"))
         self.recorders: dict[int, subprocess.Popen] = {}
@@ -106,8 +110,8 @@ class PythonProfile:
     def _attach(self, pid: int) -> None:
         out = self.dir / f"{pid}.txt"
         self.recorders[pid] = subprocess.Popen(
-            ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--rate", str(self.rate), "--format", "raw",
-             "--output", str(out), "--nonblocking"],
+            ["py-spy", "record", "--pid", str(pid), *(["--subprocesses"] if self.subprocesses else []),
+             "--rate", str(self.rate), "--format", "raw", "--output", str(out), "--nonblocking"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def _watch(self) -> None:

@@ -115,7 +115,7 @@ class DeltaBatchWriter:
             planned, lock = planned_batch(spark, self.config.checkpoint, batch_id)
             lost = missing_offsets(planned or {}, {t: (s.start, s.rows) for t, s in spans.items()})
             timings["decode"] = self.clock() - started
-            marked, quality = self._validate(decoded, gate, timings)
+            marked, quality = self._validate(decoded, gate, timings, summary.rows - summary.decode_failures)
             counts = summary.counts(quality)
             mark = self.clock()
             metadata = commit_metadata(self.config.name, batch_id, spans, checkpoint=checkpoint,
@@ -216,14 +216,16 @@ class DeltaBatchWriter:
                                        results, batch_id, metadata, merge_schema=True))
         return written
 
-    def _validate(self, decoded: DataFrame, gate: QualityGate | None,
-                  timings: dict[str, float]) -> tuple[DataFrame, BatchQuality | None]:
-        """Run the suite on the decodable rows; every row gets `_failed_expectations`."""
+    def _validate(self, decoded: DataFrame, gate: QualityGate | None, timings: dict[str, float],
+                  decodable_rows: int) -> tuple[DataFrame, BatchQuality | None]:
+        """Run the suite on the decodable rows; every row gets `_failed_expectations`.
+
+        The count (known from `summarize`) lets the gate pick its engine without a Spark job."""
         if gate is None:
             return decoded.withColumn(FAILED, F.array().cast("array<string>")), None
         mark = self.clock()
         decodable = decoded.filter(F.col(DECODE_ERROR).isNull()).drop(PAYLOAD)
-        quality = gate.validate(decodable)
+        quality = gate.validate(decodable, decodable_rows)
         timings["expectations"] = self.clock() - mark
         return mark_failures(decoded.sparkSession, decoded, quality), quality
 
