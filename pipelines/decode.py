@@ -6,7 +6,9 @@ then adds the payload's columns. With a registry subject, each message is decode
 schema version it names (`schema_id`/`schema_version`, when the id is the subject's), else
 with `decode.version`, else the subject's latest version, read once per batch: a version
 registered while the query runs is used from the next batch on, and Delta's schema merge adds
-its new columns. Rows of different versions are decoded separately and unioned by name.
+its new columns. Rows of different versions are decoded separately and unioned by name (for a
+subject of a few versions, planned from the registry alone: no Spark job looks for the versions
+a batch names first).
 A message that names no version is decoded with the latest version at the time; the sink
 records that version (and the schema id) with the batch's first write and passes them back
 when Spark replays the batch, so a replay decodes every message exactly as the first attempt
@@ -45,6 +47,8 @@ DECODE_ERROR = "_decode_error"
 RESCUED = "_rescued_data"
 _CORRUPT = "_corrupt_record"
 _VERSION = "_decode_version"
+# a subject with at most this many versions is decoded without first listing the versions a batch names
+PLANNED_VERSIONS = 8
 
 
 def prepare(batch: DataFrame) -> DataFrame:
@@ -115,14 +119,42 @@ class Decoder:
         return PayloadSchema(kind, self.config.inline_schema or "", "decode.inline_schema")
 
     def _decode_versions(self, prepared: DataFrame, schema_id: int | None, default: int) -> DataFrame:
+        """Each row decoded with the version it names (else `default`), one union of per-version parts.
+
+        Which versions get a part: where the subject has at most `PLANNED_VERSIONS` versions
+        (registered, or loaded earlier by this decoder), one part for each of them and one that
+        quarantines rows naming any other version, planned without looking at the rows; else
+        the versions the batch's rows name, found with one Spark job over the batch."""
         assert self.schemas is not None
         named = (F.col("_schema_id") == F.lit(schema_id)) & F.col("_schema_version").isNotNull()
         tagged = prepared.withColumn(_VERSION, F.when(named, F.col("_schema_version")).otherwise(F.lit(default)))
-        versions = sorted(row[0] for row in tagged.select(_VERSION).distinct().collect())
-        parts = [self._decode_version(tagged.filter(F.col(_VERSION) == v), v) for v in versions]
+        planned = self._planned_parts(tagged, default)
+        if planned is not None:
+            parts = planned
+        else:
+            versions = sorted(row[0] for row in tagged.select(_VERSION).distinct().collect())
+            parts = [self._decode_version(tagged.filter(F.col(_VERSION) == v), v) for v in versions]
         if not parts:
             return self._decode_version(tagged, default).drop(_VERSION)
         return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts).drop(_VERSION)
+
+    def _planned_parts(self, tagged: DataFrame, default: int) -> list[DataFrame] | None:
+        """A part per known version plus the unknown-version part; None when there are too many
+        versions to plan, or a known version could not decode a batch that names it (a payload
+        field that clashes with the pipeline's columns: only a batch that uses it may fail)."""
+        assert self.schemas is not None
+        known = sorted(self.schemas.known_versions() | {default})
+        if len(known) > PLANNED_VERSIONS:
+            return None
+        try:
+            parts = [self._decode_version(tagged.filter(F.col(_VERSION) == v), v) for v in known]
+        except ConfigError:
+            return None
+        others = tagged.filter(~F.col(_VERSION).isin(known))
+        label = F.concat(F.lit(f"schema registry subject {self.schemas.subject!r} version "),
+                         F.col(_VERSION).cast("string"))
+        reason = F.concat(label, F.lit(f" cannot be loaded: the subject has versions {known} only"))
+        return [*parts, others.withColumn(RESCUED, self._rescue_text()).withColumn(DECODE_ERROR, reason)]
 
     def _decode_version(self, rows: DataFrame, version: int) -> DataFrame:
         assert self.schemas is not None

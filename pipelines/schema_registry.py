@@ -39,6 +39,10 @@ class SubjectSchemas:
     def latest_version(self) -> int:
         return self.subject_metadata().latest_version
 
+    def known_versions(self) -> set[int]:
+        """The subject's registered version numbers, read now, and any loaded earlier."""
+        return {v.version for v in self.subject_metadata().versions} | set(self._versions)
+
     def version(self, number: int) -> SchemaVersion:
         """Version `number` of the subject; SchemaNotFoundError naming the key if it is missing."""
         if number not in self._versions:

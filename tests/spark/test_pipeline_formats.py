@@ -8,6 +8,7 @@ import pytest
 from delta.tables import DeltaTable
 
 from danube_core.schema_registry import register_schema
+from pipelines.decode import PLANNED_VERSIONS
 from pipelines.runner import PipelineRunner
 from tests.rig import eventually
 from tests.spark.test_pipeline_decode import ORDER_SCHEMA, ids, lake, order  # noqa: F401 (fixture)
@@ -85,3 +86,36 @@ def test_three_partition_topic_with_an_inline_schema(lake):
     assert {r["order_id"] for r in target} == {f"p{t[-1]}-{o}" for t, o in expected}
     assert {r["_partition"] for r in target} == {0, 1, 2}
     assert [lake.cursor(b.name, config.source.subscription) for b in partitions] == [3, 4, 5]
+
+
+@pytest.mark.parametrize("versions", [1, PLANNED_VERSIONS + 1], ids=["planned-from-registry", "listed-by-a-job"])
+def test_messages_naming_a_version_the_subject_lacks_are_quarantined_naming_it(lake, versions):
+    """A subject of few versions is decoded with a part per registered version planned from the
+    registry; one of many, with the versions a batch names found by a Spark job. Either way
+    every message decodes with the version it names, and one naming a version that does not
+    exist goes to quarantine with a reason naming that version."""
+    subject, schema_id = lake.subject()
+    for v in range(2, versions + 1):
+        extra = {**ORDER_SCHEMA["properties"], **{f"field{n}": {"type": "string"} for n in range(2, v + 1)}}
+        assert register_schema(lake.metadata, subject, "JsonSchema",
+                               json.dumps({**ORDER_SCHEMA, "properties": extra})) == (schema_id, v)
+    topic = lake.topic(f"/default/{lake.unique_name('versions')}", schema=(schema_id, versions))
+    topic.append(3, payload=lambda o: order(o, **{f"field{versions}": f"f{o}"} if versions > 1 else {}))
+    topic.schema = (schema_id, 1)
+    topic.append(2, payload=lambda o: order(o))
+    topic.schema = (schema_id, 99)
+    topic.append(2, payload=lambda o: order(o))
+    config = lake.config([topic.name], decode={"format": "json", "subject": subject}, rules=None)
+
+    lake.run(config)
+
+    target = {r["_offset"]: r for r in lake.rows(config.target.path)}
+    assert sorted(target) == [0, 1, 2, 3, 4]
+    assert [target[o]["_schema_version"] for o in range(5)] == [versions] * 3 + [1] * 2
+    if versions > 1:
+        assert [target[o][f"field{versions}"] for o in range(5)] == ["f0", "f1", "f2", None, None]
+    assert all(target[o]["_rescued_data"] is None for o in range(5))
+    quarantine = {r["_offset"]: r["_decode_error"] for r in lake.rows(config.quarantine.path)}
+    assert sorted(quarantine) == [5, 6]
+    for reason in quarantine.values():
+        assert f"subject {subject!r} version 99 cannot be loaded" in reason, reason
