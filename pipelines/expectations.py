@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 FAILED = "_failed_expectations"
 INDEX_COLUMNS = ["_topic", "_offset"]
 PANDAS_MAX_ROWS = 50_000  # a batch this small collects in well under a trigger interval
+LITERAL_FAILURES = 256  # failing rows marked through a literal map rather than a broadcast join
+_KEY_SEPARATOR = "\u0000"  # between topic and offset in that map's keys; no topic name holds it
 EXACT_INT = 2**53  # beyond it the Spark engine's comparisons (through doubles) and pandas' (exact) differ
 _COMMON_KWARGS = frozenset({"column", "mostly", "meta", "notes"})
 # expectation type -> the keyword arguments besides the common ones whose meaning both engines share
@@ -258,10 +260,19 @@ def _log(quality: BatchQuality) -> None:
 
 
 def mark_failures(spark: SparkSession, rows: DataFrame, quality: BatchQuality) -> DataFrame:
-    """`rows` with `_failed_expectations` (array of rule names, empty when the row passed)."""
+    """`rows` with `_failed_expectations` (array of rule names, empty when the row passed).
+
+    A few failing rows (at most `LITERAL_FAILURES`) are looked up in a literal map in the rows'
+    own projection; more are joined from a broadcast frame. The join costs each write of the
+    batch (target and quarantine) a Spark job to broadcast it."""
     empty = F.array().cast("array<string>")
     if not quality.failed_rows:
         return rows.withColumn(FAILED, empty)
+    if len(quality.failed_rows) <= LITERAL_FAILURES:
+        key = F.concat_ws(_KEY_SEPARATOR, F.col("_topic"), F.col("_offset").cast("string"))
+        entries = [part for (topic, offset), names in quality.failed_rows.items()
+                   for part in (F.lit(f"{topic}{_KEY_SEPARATOR}{offset}"), F.array(*[F.lit(n) for n in names]))]
+        return rows.withColumn(FAILED, F.coalesce(F.create_map(*entries)[key], empty))
     failures = spark.createDataFrame(
         [(topic, offset, list(names)) for (topic, offset), names in quality.failed_rows.items()],
         "_topic string, _offset long, _failed array<string>",

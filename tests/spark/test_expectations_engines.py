@@ -13,6 +13,7 @@ import math
 import pytest
 
 from pipelines.config import ExpectationRule, ExpectationsConfig
+from pipelines import expectations
 from pipelines.expectations import QualityGate, pandas_safe
 
 SCHEMA = ("_topic string, _offset long, order_id string, amount double, qty long, paid boolean, "
@@ -108,3 +109,17 @@ def test_rules_the_engines_read_differently_run_on_the_spark_engine(spark, rule)
     rows = spark.createDataFrame(_rows(20), SCHEMA)
     assert not pandas_safe((rule,), rows)
     assert pandas_safe(RULES, rows)
+
+
+@pytest.mark.parametrize("literal_limit", [expectations.LITERAL_FAILURES, 0], ids=["literal-map", "broadcast-join"])
+def test_failing_rows_are_marked_with_the_rules_they_failed(spark, monkeypatch, literal_limit):
+    """A few failing rows are marked through a literal map, many through a broadcast join:
+    both give every row exactly the names great-expectations gave it."""
+    monkeypatch.setattr(expectations, "LITERAL_FAILURES", literal_limit)
+    rows = spark.createDataFrame(_rows(200), SCHEMA).cache()
+    quality = _gates()[1].validate(rows, 200)
+    assert 0 < len(quality.failed_rows) <= expectations.LITERAL_FAILURES or literal_limit == 0
+    marked = {(r["_topic"], r["_offset"]): tuple(r[expectations.FAILED])
+              for r in expectations.mark_failures(spark, rows, quality).collect()}
+    assert len(marked) == 200
+    assert marked == {key: quality.failed_rows.get(key, ()) for key in marked}
