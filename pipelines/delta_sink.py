@@ -63,7 +63,7 @@ from danube_core.metadata import MetadataStore
 from pipelines.batch_trail import SplitDecision, TableTrail, check_checkpoint, pipeline_tables, read_trail
 from pipelines.checkpoint_state import CheckpointState, PlannedRange, missing_offsets, planned_batch, read_state
 from pipelines.config import PipelineConfig, TableConfig
-from pipelines.decode import DECODE_ERROR, META_COLUMNS, PAYLOAD, Decoder, prepare
+from pipelines.decode import DECODE_ERROR, META_COLUMNS, PAYLOAD, Decoder
 from pipelines.delta_state import TableStateWarmer
 from pipelines.expectations import FAILED, BatchQuality, QualityGate, mark_failures
 from pipelines.fault_hook import fault_point, fault_window, faulting_store
@@ -111,7 +111,7 @@ class DeltaBatchWriter:
         check_checkpoint(self.config.name, checkpoint, trails.values(), batch_id)
         decision, replayed = self._decision(trails, batch_id)
         decoder, gate = self._tools(decision)
-        prepared = prepare(batch).persist()
+        prepared = decoder.prepare(batch).persist()
         decoded: DataFrame | None = None
         try:
             decoded = decoder.decode(prepared, (decision.schema_id, decision.default_version)).persist()
