@@ -53,9 +53,9 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from connectors.cursor_commit import commit_cursors
@@ -116,11 +116,15 @@ class DeltaBatchWriter:
         try:
             decoded = decoder.decode(prepared, (decision.schema_id, decision.default_version)).persist()
             planned, lock = planned_batch(spark, self.config.checkpoint, batch_id)
-            summary = summarize(decoded, planned.keys() if planned else None)
+            columns = _collected_columns(gate, decoded, planned)
+            if planned and columns:
+                summary, collected = summarize_and_collect(decoded, planned.keys(), columns)
+            else:
+                summary, collected = summarize(decoded, planned.keys() if planned else None), None
             spans = summary.spans
             lost = missing_offsets(planned or {}, {t: (s.start, s.rows) for t, s in spans.items()})
             timings["decode"] = self.clock() - started
-            marked, quality = self._validate(decoded, gate, timings, summary.rows - summary.decode_failures)
+            marked, quality = self._validate(decoded, gate, timings, summary.rows - summary.decode_failures, collected)
             counts = summary.counts(quality)
             mark = self.clock()
             metadata = commit_metadata(self.config.name, batch_id, spans, checkpoint=checkpoint,
@@ -222,15 +226,16 @@ class DeltaBatchWriter:
         return written
 
     def _validate(self, decoded: DataFrame, gate: QualityGate | None, timings: dict[str, float],
-                  decodable_rows: int) -> tuple[DataFrame, BatchQuality | None]:
+                  decodable_rows: int, collected: Any = None) -> tuple[DataFrame, BatchQuality | None]:
         """Run the suite on the decodable rows; every row gets `_failed_expectations`.
 
-        The count (known from `summarize`) lets the gate pick its engine without a Spark job."""
+        The count (known from `summarize`) lets the gate pick its engine without a Spark job;
+        `collected` (from `summarize_and_collect`) spares the pandas engine its collect."""
         if gate is None:
             return decoded.withColumn(FAILED, F.array().cast("array<string>")), None
         mark = self.clock()
         decodable = decoded.filter(F.col(DECODE_ERROR).isNull()).drop(PAYLOAD)
-        quality = gate.validate(decodable, decodable_rows)
+        quality = gate.validate(decodable, decodable_rows, collected)
         timings["expectations"] = self.clock() - mark
         return mark_failures(decoded.sparkSession, decoded, quality), quality
 
@@ -254,6 +259,17 @@ class DeltaBatchWriter:
             writer.saveAsTable(table.table)
         self.warmer.warm(rows.sparkSession, table)
         return table.location
+
+
+def _collected_columns(gate: QualityGate | None, decoded: DataFrame,
+                       planned: Mapping[str, PlannedRange] | None) -> list[str] | None:
+    """What to collect with the batch's summary for the pandas engine, or None: only for a batch
+    whose planned ranges bound it within the gate's `pandas_max_rows`."""
+    if gate is None or not planned or any(rng.start is None for rng in planned.values()):
+        return None
+    if sum(rng.end - rng.start for rng in planned.values() if rng.start is not None) > gate.pandas_max_rows:
+        return None
+    return gate.pandas_columns(decoded)
 
 
 def _announcer(config: PipelineConfig, metadata: MetadataStore) -> CommitAnnouncer | None:
@@ -296,7 +312,9 @@ def summarize(decoded: DataFrame, topics: Collection[str] | None = None) -> Batc
     were a sizeable part of the batch's time. Rows of a topic partition outside `topics` (or no
     `topics`) fall back to the group-by."""
     if topics:
-        observed = _observed_summary(decoded, sorted(topics))
+        observation, metrics = _summary_metrics(topics)
+        decoded.observe(observation, *metrics).write.format("noop").mode("overwrite").save()
+        observed = _observed_summary(observation.get, topics)
         if observed is not None:
             return observed
     rows = decoded.groupBy("_topic").agg(
@@ -308,11 +326,24 @@ def summarize(decoded: DataFrame, topics: Collection[str] | None = None) -> Batc
     return BatchSummary(spans, sum(r["undecodable"] for r in rows))
 
 
-def _observed_summary(decoded: DataFrame, topics: list[str]) -> BatchSummary | None:
-    """`summarize` for the named topic partitions; None when the batch holds rows of others."""
+def summarize_and_collect(decoded: DataFrame, topics: Collection[str], columns: list[str]) -> tuple[BatchSummary, Any]:
+    """`summarize`, and `columns` of the decodable rows as an Arrow table, from one Spark job.
+
+    For a small batch validated on great-expectations' pandas engine: the summary is observed
+    while the same pass collects what the suite reads, so the batch is read once and collected
+    once (the group-by fallback of `summarize` applies, in a second job)."""
+    observation, metrics = _summary_metrics(topics)
+    decodable = decoded.observe(observation, *metrics).filter(F.col(DECODE_ERROR).isNull())
+    collected = decodable.select(*columns).toArrow()
+    summary = _observed_summary(observation.get, topics)
+    return (summary if summary is not None else summarize(decoded)), collected
+
+
+def _summary_metrics(topics: Collection[str]) -> tuple[Observation, list[Column]]:
+    """The observed metrics `_observed_summary` reads, for the named topic partitions."""
     observation = Observation(f"danube_batch_summary_{uuid.uuid4().hex}")
     metrics = [F.count(F.lit(1)).alias("rows"), F.count(F.col(DECODE_ERROR)).alias("undecodable")]
-    for i, topic in enumerate(topics):
+    for i, topic in enumerate(sorted(topics)):
         mine = F.col("_topic") == F.lit(topic)
         metrics += [
             F.min(F.when(mine, F.col("_offset"))).alias(f"first_{i}"),
@@ -320,11 +351,14 @@ def _observed_summary(decoded: DataFrame, topics: list[str]) -> BatchSummary | N
             F.count(F.when(mine, F.lit(1))).alias(f"rows_{i}"),
             F.collect_set(F.when(mine, F.col("_source"))).alias(f"sources_{i}"),
         ]
-    decoded.observe(observation, *metrics).write.format("noop").mode("overwrite").save()
-    found = observation.get
+    return observation, metrics
+
+
+def _observed_summary(found: Mapping[str, Any], topics: Collection[str]) -> BatchSummary | None:
+    """The summary from `_summary_metrics`' values; None when the batch holds rows of other topics."""
     spans = {topic: OffsetSpan(found[f"first_{i}"], found[f"last_{i}"] + 1, found[f"rows_{i}"],
                                tuple(sorted(found[f"sources_{i}"] or ())))
-             for i, topic in enumerate(topics) if found[f"rows_{i}"]}
+             for i, topic in enumerate(sorted(topics)) if found[f"rows_{i}"]}
     if sum(span.rows for span in spans.values()) != found["rows"]:
         return None
     return BatchSummary(spans, found["undecodable"])

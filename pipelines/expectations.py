@@ -115,6 +115,11 @@ class QualityGate:
         for i, rule in enumerate(config.rules):
             self.suite.add_expectation(self._expectation(gx, rule, i))
 
+    def pandas_columns(self, rows: DataFrame) -> list[str] | None:
+        """The columns a pandas-engine run of the suite reads from `rows`; None when the suite
+        cannot run on the pandas engine for this schema (`pandas_safe`)."""
+        return suite_columns(self.config.rules) if pandas_safe(self.config.rules, rows) else None
+
     def _disable_progress_bars(self) -> None:
         from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -130,15 +135,17 @@ class QualityGate:
         except Exception as exc:  # pydantic ValidationError and friends: the kwargs are wrong
             raise ConfigError(f"expectations.rules[{i}].kwargs: invalid for {rule.type}: {exc}") from exc
 
-    def validate(self, rows: DataFrame, row_count: int | None = None) -> BatchQuality:
+    def validate(self, rows: DataFrame, row_count: int | None = None, collected: Any = None) -> BatchQuality:
         """Validate one (cached) batch; the failing rows' ids come back with their rule names.
 
         `row_count` (the decodable rows, when the caller knows it without a Spark job) lets a
-        small batch run on the pandas engine (module doc); without it the Spark engine runs."""
+        small batch run on the pandas engine (module doc); without it the Spark engine runs.
+        `collected`: those rows' `pandas_columns` as an Arrow table, when the caller collected
+        them already (in the same pass as its own summary), so no job collects them again."""
         started = time.monotonic()
         engine, data = "spark", rows
         if row_count is not None and row_count <= self.pandas_max_rows and pandas_safe(self.config.rules, rows):
-            frame = pandas_frame(rows, self.config.rules)
+            frame = pandas_frame(rows, self.config.rules) if collected is None else checked_frame(collected)
             if frame is not None:
                 engine, data = "pandas", frame
         definition = self._frames if engine == "pandas" else self._batches
@@ -229,16 +236,24 @@ def pandas_safe(rules: tuple[ExpectationRule, ...] | list[ExpectationRule], rows
     return True
 
 
+def suite_columns(rules: tuple[ExpectationRule, ...] | list[ExpectationRule]) -> list[str]:
+    """The index columns and the columns the rules read, in that order, each once."""
+    return list(dict.fromkeys([*INDEX_COLUMNS, *(rule.kwargs["column"] for rule in rules)]))
+
+
 def pandas_frame(rows: DataFrame, rules: tuple[ExpectationRule, ...] | list[ExpectationRule]) -> Any:
-    """The index columns and the rules' columns of `rows` as pandas (one Spark job, via Arrow), or
-    None when a floating-point column holds a NaN (the pandas engine would take it for a null) or
-    an integral column a value beyond 2**53 (the Spark engine compares it as a double)."""
+    """`suite_columns` of `rows` as pandas (one Spark job, via Arrow), or None (`checked_frame`)."""
+    return checked_frame(rows.select(*suite_columns(rules)).toArrow())
+
+
+def checked_frame(table: Any) -> Any:
+    """An Arrow table of `suite_columns` as pandas, or None when a floating-point column holds a
+    NaN (the pandas engine would take it for a null) or an integral column a value beyond
+    2**53 (the Spark engine compares it as a double)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    columns = list(dict.fromkeys([*INDEX_COLUMNS, *(rule.kwargs["column"] for rule in rules)]))
-    table = rows.select(*columns).toArrow()
-    for name in columns:
+    for name in table.column_names:
         column = table.column(name)
         if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
             return None

@@ -123,3 +123,20 @@ def test_failing_rows_are_marked_with_the_rules_they_failed(spark, monkeypatch, 
               for r in expectations.mark_failures(spark, rows, quality).collect()}
     assert len(marked) == 200
     assert marked == {key: quality.failed_rows.get(key, ()) for key in marked}
+
+
+def test_rows_collected_by_the_caller_give_the_same_verdicts(spark):
+    """The sink may collect the suite's columns in its own pass (`collected`): the pandas engine
+    then gives the verdicts it gives when it collects them itself, and a NaN in the collected
+    table still sends the batch to the Spark engine."""
+    rows = spark.createDataFrame(_rows(300), SCHEMA).cache()
+    gate = _gates()[1]
+    columns = gate.pandas_columns(rows)
+    assert columns == ["_topic", "_offset", "order_id", "amount", "qty", "currency", "paid", "note"]
+    collected = rows.select(*columns).toArrow()
+    by_caller = gate.validate(rows, 300, collected)
+    assert by_caller.engine == "pandas"
+    assert _verdicts(by_caller) == _verdicts(gate.validate(rows, 300))
+    with_nan = spark.createDataFrame([("t", 0, "o", math.nan, 1, True, "EUR", None)], SCHEMA)
+    assert gate.validate(with_nan, 1, with_nan.select(*columns).toArrow()).engine == "spark"
+    assert gate.pandas_columns(rows.withColumnRenamed("amount", "price")) is None  # a rule's column is gone
