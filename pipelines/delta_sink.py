@@ -4,8 +4,9 @@ Order per batch, and why it gives exactly-once:
 
 1. decode and validate the batch. The source's rows are cached once (the decoder's look at the
    schema versions and everything after it reuse them, so the topic is read once per batch) and
-   so are the decoded rows; one pass (observed metrics) gives the offset spans and the decode failures, and
-   great-expectations names the rows it rejects, so no further job counts anything;
+   so are the decoded rows; one pass (observed metrics) gives the offset spans and the decode
+   failures, and collects what great-expectations' pandas engine reads when the batch is small
+   enough for it; great-expectations names the rows it rejects, so no further job counts anything;
 2. append the valid rows to the target and the failing rows to the quarantine table, each with
    Delta's idempotent-write options `txnAppId` = pipeline name and `txnVersion` = batch id.
    Spark replays a batch with the same id and the same offsets after a crash, and Delta skips
