@@ -140,8 +140,10 @@ class KafkaNode:
 
     def start(self) -> "KafkaNode":
         props = self._properties()
-        fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(props)),
-                             capture_output=True, text=True)
+        # `--cluster-id=...` in one argument: a URL-safe base64 id may start with "-", which as a
+        # separate argument the tool's parser takes for an option (then "expected one argument").
+        fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id()}",
+                                        "-c", str(props)), capture_output=True, text=True)
         if fmt.returncode != 0:
             raise KafkaServerError(f"kafka-storage format failed (exit {fmt.returncode}): {fmt.stdout}{fmt.stderr}")
         log = open(self.dir / "server.log", "ab")
