@@ -7,8 +7,8 @@ Order per batch, and why it gives exactly-once:
    so are the decoded rows; one pass (observed metrics) gives the offset spans and the decode
    failures, and collects what great-expectations' pandas engine reads when the batch is small
    enough for it; great-expectations names the rows it rejects, so no further job counts anything;
-2. append the valid rows to the target and the failing rows to the quarantine table, each with
-   Delta's idempotent-write options `txnAppId` = pipeline name and `txnVersion` = batch id.
+2. append the valid rows to the target and the failing rows to the quarantine table (the two
+   writes side by side: either may land first), each with Delta's idempotent-write options `txnAppId` = pipeline name and `txnVersion` = batch id.
    Spark replays a batch with the same id and the same offsets after a crash, and Delta skips
    a write whose (appId, version) its log has already committed, so a replay adds nothing to a
    table the first attempt reached and completes the one it did not. To answer that, Delta
@@ -56,6 +56,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping
 
+from pyspark import InheritableThread
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -211,15 +212,33 @@ class DeltaBatchWriter:
                       batch_id: int, metadata: str) -> list[str]:
         """Target, quarantine and (optionally) the quality results, each idempotent per batch.
 
-        Returns the locations written (a write Delta skipped as a replay counts as written)."""
+        The quarantine write runs beside the target write, on a thread that carries the batch's
+        Spark job group (stopping the query cancels both): the two tables are independent, each
+        write is idempotent on its own, and a replay completes whichever did not land, so their
+        order does not matter, and a batch with failing rows no longer waits for two Delta
+        commits in turn. Returns the locations written (a write Delta skipped as a replay counts
+        as written)."""
         written = []
-        if counts["valid"]:
-            with fault_window("during_target_write"):
-                written.append(self._write(target_rows(marked), self.config.target, batch_id, metadata))
-            fault_point("after_target_write")
+        quarantine = None
         if counts["decode"] + counts["expectations"]:
-            written.append(self._write(quarantine_rows(marked, self.config.name, batch_id), self.config.quarantine,
-                                       batch_id, metadata, merge_schema=True))
+            rows = quarantine_rows(marked, self.config.name, batch_id)
+            quarantine = _in_background(lambda: self._write(rows, self.config.quarantine, batch_id, metadata,
+                                                            merge_schema=True))
+        try:
+            if counts["valid"]:
+                with fault_window("during_target_write"):
+                    written.append(self._write(target_rows(marked), self.config.target, batch_id, metadata))
+                fault_point("after_target_write")
+        except BaseException:
+            if quarantine is not None:  # let it finish (or fail) before the batch fails
+                try:
+                    quarantine()
+                except Exception as exc:
+                    logger.warning("pipeline %s batch %d: the quarantine write failed too: %s",
+                                   self.config.name, batch_id, exc)
+            raise
+        if quarantine is not None:
+            written.append(quarantine())
         results = self.config.expectations.results if self.config.expectations else None
         if quality is not None and results is not None:
             written.append(self._write(results_frame(marked.sparkSession, self.config.name, batch_id, quality),
@@ -260,6 +279,29 @@ class DeltaBatchWriter:
             writer.saveAsTable(table.table)
         self.warmer.warm(rows.sparkSession, table)
         return table.location
+
+
+def _in_background(action: Callable[[], str]) -> Callable[[], str]:
+    """Start `action` on a thread that inherits this thread's Spark local properties (job group,
+    scheduler pool); the returned call waits for it and returns its result or raises its error."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = action()
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+
+    thread = InheritableThread(target=run, name="delta-sink-write", daemon=True)
+    thread.start()
+
+    def wait() -> str:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    return wait
 
 
 def _collected_columns(gate: QualityGate | None, decoded: DataFrame,
