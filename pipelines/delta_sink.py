@@ -8,7 +8,8 @@ Order per batch, and why it gives exactly-once:
    failures, and collects what great-expectations' pandas engine reads when the batch is small
    enough for it; great-expectations names the rows it rejects, so no further job counts anything;
 2. append the valid rows to the target and the failing rows to the quarantine table (the two
-   writes side by side: either may land first), each with Delta's idempotent-write options `txnAppId` = pipeline name and `txnVersion` = batch id.
+   writes side by side: either may land first), each with Delta's idempotent-write options
+   `txnAppId` = pipeline name and `txnVersion` = batch id.
    Spark replays a batch with the same id and the same offsets after a crash, and Delta skips
    a write whose (appId, version) its log has already committed, so a replay adds nothing to a
    table the first attempt reached and completes the one it did not. To answer that, Delta
@@ -52,16 +53,15 @@ import json
 import logging
 import os
 import time
-import uuid
-from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Mapping
 
 from pyspark import InheritableThread
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from connectors.cursor_commit import commit_cursors
 from danube_core.metadata import MetadataStore
+from pipelines.batch_summary import collected_columns, summarize, summarize_and_collect
 from pipelines.batch_trail import SplitDecision, TableTrail, check_checkpoint, pipeline_tables, read_trail
 from pipelines.checkpoint_state import CheckpointState, PlannedRange, missing_offsets, planned_batch, read_state
 from pipelines.config import PipelineConfig, TableConfig
@@ -118,7 +118,7 @@ class DeltaBatchWriter:
         try:
             decoded = decoder.decode(prepared, (decision.schema_id, decision.default_version)).persist()
             planned, lock = planned_batch(spark, self.config.checkpoint, batch_id)
-            columns = _collected_columns(gate, decoded, planned)
+            columns = collected_columns(gate, decoded, planned)
             if planned and columns:
                 summary, collected = summarize_and_collect(decoded, planned.keys(), columns)
             else:
@@ -304,107 +304,12 @@ def _in_background(action: Callable[[], str]) -> Callable[[], str]:
     return wait
 
 
-def _collected_columns(gate: QualityGate | None, decoded: DataFrame,
-                       planned: Mapping[str, PlannedRange] | None) -> list[str] | None:
-    """What to collect with the batch's summary for the pandas engine, or None: only for a batch
-    whose planned ranges bound it within the gate's `pandas_max_rows`."""
-    if gate is None or not planned or any(rng.start is None for rng in planned.values()):
-        return None
-    if sum(rng.end - rng.start for rng in planned.values() if rng.start is not None) > gate.pandas_max_rows:
-        return None
-    return gate.pandas_columns(decoded)
-
-
 def _announcer(config: PipelineConfig, metadata: MetadataStore) -> CommitAnnouncer | None:
     if config.speedlayer is None:
         return None
     target = config.target
     uri = target.path if target.path is None or "://" in target.path else os.path.abspath(target.path)
     return CommitAnnouncer(config.speedlayer, uri or str(target.table), config.name, metadata)
-
-
-@dataclass(frozen=True)
-class BatchSummary:
-    """What one aggregation over a decoded batch tells: offset spans and undecodable rows."""
-
-    spans: Mapping[str, OffsetSpan]
-    decode_failures: int
-
-    @property
-    def rows(self) -> int:
-        return sum(s.rows for s in self.spans.values())
-
-    def counts(self, quality: BatchQuality | None) -> dict[str, int]:
-        """valid / decode / expectations row counts.
-
-        great-expectations only sees decodable rows and names each row it rejects once, by its
-        unique (topic, offset), so the rows it failed are counted without another Spark job.
-        """
-        failed = len(quality.failed_rows) if quality is not None else 0
-        return {"valid": self.rows - self.decode_failures - failed, "decode": self.decode_failures,
-                "expectations": failed}
-
-
-def summarize(decoded: DataFrame, topics: Collection[str] | None = None) -> BatchSummary:
-    """Per topic partition: first offset, end (last + 1), row count, objects read; and decode failures.
-
-    With the batch's topic partitions known (its planned ranges), the summary is computed as
-    metrics observed while a no-op write runs the batch once (`Observation`): one Spark job, no
-    shuffle, and the same pass fills the cache of `decoded`. A group-by costs a shuffle, which
-    adaptive execution runs as three jobs; on a micro-batch of a few thousand rows those jobs
-    were a sizeable part of the batch's time. Rows of a topic partition outside `topics` (or no
-    `topics`) fall back to the group-by."""
-    if topics:
-        observation, metrics = _summary_metrics(topics)
-        decoded.observe(observation, *metrics).write.format("noop").mode("overwrite").save()
-        observed = _observed_summary(observation.get, topics)
-        if observed is not None:
-            return observed
-    rows = decoded.groupBy("_topic").agg(
-        F.min("_offset").alias("first"), F.max("_offset").alias("last"), F.count(F.lit(1)).alias("rows"),
-        F.array_sort(F.collect_set("_source")).alias("sources"),
-        F.count(F.col(DECODE_ERROR)).alias("undecodable"),
-    ).collect()
-    spans = {r["_topic"]: OffsetSpan(r["first"], r["last"] + 1, r["rows"], tuple(r["sources"] or ())) for r in rows}
-    return BatchSummary(spans, sum(r["undecodable"] for r in rows))
-
-
-def summarize_and_collect(decoded: DataFrame, topics: Collection[str], columns: list[str]) -> tuple[BatchSummary, Any]:
-    """`summarize`, and `columns` of the decodable rows as an Arrow table, from one Spark job.
-
-    For a small batch validated on great-expectations' pandas engine: the summary is observed
-    while the same pass collects what the suite reads, so the batch is read once and collected
-    once (the group-by fallback of `summarize` applies, in a second job)."""
-    observation, metrics = _summary_metrics(topics)
-    decodable = decoded.observe(observation, *metrics).filter(F.col(DECODE_ERROR).isNull())
-    collected = decodable.select(*columns).toArrow()
-    summary = _observed_summary(observation.get, topics)
-    return (summary if summary is not None else summarize(decoded)), collected
-
-
-def _summary_metrics(topics: Collection[str]) -> tuple[Observation, list[Column]]:
-    """The observed metrics `_observed_summary` reads, for the named topic partitions."""
-    observation = Observation(f"danube_batch_summary_{uuid.uuid4().hex}")
-    metrics = [F.count(F.lit(1)).alias("rows"), F.count(F.col(DECODE_ERROR)).alias("undecodable")]
-    for i, topic in enumerate(sorted(topics)):
-        mine = F.col("_topic") == F.lit(topic)
-        metrics += [
-            F.min(F.when(mine, F.col("_offset"))).alias(f"first_{i}"),
-            F.max(F.when(mine, F.col("_offset"))).alias(f"last_{i}"),
-            F.count(F.when(mine, F.lit(1))).alias(f"rows_{i}"),
-            F.collect_set(F.when(mine, F.col("_source"))).alias(f"sources_{i}"),
-        ]
-    return observation, metrics
-
-
-def _observed_summary(found: Mapping[str, Any], topics: Collection[str]) -> BatchSummary | None:
-    """The summary from `_summary_metrics`' values; None when the batch holds rows of other topics."""
-    spans = {topic: OffsetSpan(found[f"first_{i}"], found[f"last_{i}"] + 1, found[f"rows_{i}"],
-                               tuple(sorted(found[f"sources_{i}"] or ())))
-             for i, topic in enumerate(sorted(topics)) if found[f"rows_{i}"]}
-    if sum(span.rows for span in spans.values()) != found["rows"]:
-        return None
-    return BatchSummary(spans, found["undecodable"])
 
 
 def commit_metadata(pipeline: str, batch_id: int, spans: Mapping[str, OffsetSpan], *,

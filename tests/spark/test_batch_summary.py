@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.delta_sink import summarize, summarize_and_collect
+from pipelines.batch_summary import summarize, summarize_and_collect
 
 pytestmark = pytest.mark.spark
 
