@@ -109,7 +109,7 @@ def _observed_summary(found: Mapping[str, Any], topics: Collection[str]) -> Batc
 
 
 def collected_columns(gate: QualityGate | None, decoded: DataFrame,
-                       planned: Mapping[str, PlannedRange] | None) -> list[str] | None:
+                      planned: Mapping[str, PlannedRange] | None) -> list[str] | None:
     """What to collect with the batch's summary for the pandas engine, or None: only for a batch
     whose planned ranges bound it within the gate's `pandas_max_rows`."""
     if gate is None or not planned or any(rng.start is None for rng in planned.values()):
