@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pipelines.checkpoint_state import PlannedRange
 from pipelines.decode import DECODE_ERROR
 from pipelines.expectations import BatchQuality, QualityGate
+from pipelines.expressions import ExpressionCache
 from pipelines.metrics import OffsetSpan
 
 
@@ -46,7 +47,8 @@ class BatchSummary:
                 "expectations": failed}
 
 
-def summarize(decoded: DataFrame, topics: Collection[str] | None = None) -> BatchSummary:
+def summarize(decoded: DataFrame, topics: Collection[str] | None = None,
+              expressions: ExpressionCache | None = None) -> BatchSummary:
     """Per topic partition: first offset, end (last + 1), row count, objects read; and decode failures.
 
     With the batch's topic partitions known (its planned ranges), the summary is computed as
@@ -54,9 +56,10 @@ def summarize(decoded: DataFrame, topics: Collection[str] | None = None) -> Batc
     shuffle, and the same pass fills the cache of `decoded`. A group-by costs a shuffle, which
     adaptive execution runs as three jobs; on a micro-batch of a few thousand rows those jobs
     were a sizeable part of the batch's time. Rows of a topic partition outside `topics` (or no
-    `topics`) fall back to the group-by."""
+    `topics`) fall back to the group-by. `expressions`: the query's cache of the metrics' columns
+    (`pipelines.expressions`)."""
     if topics:
-        observation, metrics = _summary_metrics(topics)
+        observation, metrics = _summary_metrics(topics, expressions or ExpressionCache())
         decoded.observe(observation, *metrics).write.format("noop").mode("overwrite").save()
         observed = _observed_summary(observation.get, topics)
         if observed is not None:
@@ -70,32 +73,44 @@ def summarize(decoded: DataFrame, topics: Collection[str] | None = None) -> Batc
     return BatchSummary(spans, sum(r["undecodable"] for r in rows))
 
 
-def summarize_and_collect(decoded: DataFrame, topics: Collection[str], columns: list[str]) -> tuple[BatchSummary, Any]:
+def summarize_and_collect(decoded: DataFrame, topics: Collection[str], columns: list[str],
+                          expressions: ExpressionCache | None = None) -> tuple[BatchSummary, Any]:
     """`summarize`, and `columns` of the decodable rows as an Arrow table, from one Spark job.
 
     For a small batch validated on great-expectations' pandas engine: the summary is observed
     while the same pass collects what the suite reads, so the batch is read once and collected
     once (the group-by fallback of `summarize` applies, in a second job)."""
-    observation, metrics = _summary_metrics(topics)
-    decodable = decoded.observe(observation, *metrics).filter(F.col(DECODE_ERROR).isNull())
-    collected = decodable.select(*columns).toArrow()
+    cache = expressions or ExpressionCache()
+    observation, metrics = _summary_metrics(topics, cache)
+    decodable = decoded.observe(observation, *metrics).filter(cache.get("decodable", decodable_rows))
+    collected = decodable.select(*cache.get(("columns", *columns), lambda: [F.col(c) for c in columns])).toArrow()
     summary = _observed_summary(observation.get, topics)
     return (summary if summary is not None else summarize(decoded)), collected
 
 
-def _summary_metrics(topics: Collection[str]) -> tuple[Observation, list[Column]]:
-    """The observed metrics `_observed_summary` reads, for the named topic partitions."""
-    observation = Observation(f"danube_batch_summary_{uuid.uuid4().hex}")
-    metrics = [F.count(F.lit(1)).alias("rows"), F.count(F.col(DECODE_ERROR)).alias("undecodable")]
-    for i, topic in enumerate(sorted(topics)):
-        mine = F.col("_topic") == F.lit(topic)
-        metrics += [
-            F.min(F.when(mine, F.col("_offset"))).alias(f"first_{i}"),
-            F.max(F.when(mine, F.col("_offset"))).alias(f"last_{i}"),
-            F.count(F.when(mine, F.lit(1))).alias(f"rows_{i}"),
-            F.collect_set(F.when(mine, F.col("_source"))).alias(f"sources_{i}"),
-        ]
-    return observation, metrics
+def decodable_rows() -> Column:
+    """The condition that keeps the rows that decoded."""
+    return F.col(DECODE_ERROR).isNull()
+
+
+def _summary_metrics(topics: Collection[str], expressions: ExpressionCache) -> tuple[Observation, list[Column]]:
+    """A new observation and the metrics `_observed_summary` reads, for the named topic partitions
+    (the metrics' columns built once per set of topic partitions)."""
+    named = tuple(sorted(topics))
+
+    def build() -> list[Column]:
+        metrics = [F.count(F.lit(1)).alias("rows"), F.count(F.col(DECODE_ERROR)).alias("undecodable")]
+        for i, topic in enumerate(named):
+            mine = F.col("_topic") == F.lit(topic)
+            metrics += [
+                F.min(F.when(mine, F.col("_offset"))).alias(f"first_{i}"),
+                F.max(F.when(mine, F.col("_offset"))).alias(f"last_{i}"),
+                F.count(F.when(mine, F.lit(1))).alias(f"rows_{i}"),
+                F.collect_set(F.when(mine, F.col("_source"))).alias(f"sources_{i}"),
+            ]
+        return metrics
+
+    return Observation(f"danube_batch_summary_{uuid.uuid4().hex}"), expressions.get(("summary", named), build)
 
 
 def _observed_summary(found: Mapping[str, Any], topics: Collection[str]) -> BatchSummary | None:

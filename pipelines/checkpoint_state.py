@@ -105,12 +105,6 @@ def parse_query_id(text: str | None) -> str | None:
     return value.get("id") if isinstance(value, dict) else None
 
 
-def parse_offset_entry(text: str | None) -> dict[str, int] | None:
-    """End positions of the `danube` source in one offsets-log entry (None if none is there)."""
-    offset = parse_source_offset(text)
-    return None if offset is None else dict(offset.positions)
-
-
 def parse_source_offset(text: str | None) -> SourceOffset | None:
     """The `danube` source's offset in one offsets-log entry (None if none is there)."""
     if not text:
@@ -123,21 +117,34 @@ def parse_source_offset(text: str | None) -> SourceOffset | None:
     return None
 
 
-def planned_ranges(spark: SparkSession, location: str, batch_id: int) -> dict[str, PlannedRange] | None:
-    """Per topic partition, the offsets batch `batch_id` was planned to read (None: not logged)."""
-    return planned_batch(spark, location, batch_id)[0]
+class OffsetsLog:
+    """The `danube` source's entries of one checkpoint's offsets log, as a query's sink reads them.
 
+    Spark writes a batch's entry before the batch runs and never rewrites it while the query
+    runs, so each entry is read once (through the JVM's Hadoop FileSystem, a dozen round trips)
+    and kept: batch N's end is batch N+1's start. Entries of batches more than one behind the
+    last one read are dropped."""
 
-def planned_batch(spark: SparkSession, location: str,
-                  batch_id: int) -> tuple[dict[str, PlannedRange] | None, LockToken | None]:
-    """`planned_ranges`, and the subscription lock that planned the batch (its cursor commit
-    is conditioned on that lock: `connectors.subscription_lock`)."""
-    files = CheckpointFiles(spark, location)
-    end = parse_source_offset(files.read_text(f"offsets/{batch_id}"))
-    if end is None:
-        return None, None
-    start = parse_offset_entry(files.read_text(f"offsets/{batch_id - 1}")) if batch_id > 0 else None
-    return ranges_between(start or {}, end.positions), end.lock
+    def __init__(self, spark: SparkSession, location: str) -> None:
+        self._files = CheckpointFiles(spark, location)
+        self._entries: dict[int, SourceOffset | None] = {}
+
+    def entry(self, batch_id: int) -> SourceOffset | None:
+        if batch_id not in self._entries:
+            self._entries[batch_id] = parse_source_offset(self._files.read_text(f"offsets/{batch_id}"))
+            for old in [b for b in self._entries if b < batch_id - 1]:
+                del self._entries[old]
+        return self._entries[batch_id]
+
+    def planned_batch(self, batch_id: int) -> tuple[dict[str, PlannedRange] | None, LockToken | None]:
+        """Per topic partition, the offsets batch `batch_id` was planned to read (None: not
+        logged), and the subscription lock that planned it (its cursor commit is conditioned on
+        that lock: `connectors.subscription_lock`)."""
+        end = self.entry(batch_id)
+        if end is None:
+            return None, None
+        start = self.entry(batch_id - 1) if batch_id > 0 else None
+        return ranges_between(dict(start.positions) if start else {}, end.positions), end.lock
 
 
 def ranges_between(start: Mapping[str, int], end: Mapping[str, int]) -> dict[str, PlannedRange]:

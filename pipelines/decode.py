@@ -33,6 +33,7 @@ from pyspark.sql.types import MapType, StringType, StructField, StructType
 from danube_core.errors import ConfigError, DanubeError
 from danube_core.schema_records import SchemaVersion
 from pipelines.config import DecodeConfig
+from pipelines.expressions import ExpressionCache
 from pipelines.json_schema import JsonPayloadSchema, parse_json_schema
 from pipelines.schema_registry import SubjectSchemas
 
@@ -68,7 +69,8 @@ class Decoder:
     Why the column expressions are built once per schema and reused: every PySpark function
     call and every DataFrame step is a round trip to the JVM (a step also analyses the plan),
     and building a batch's decode step by step took a few hundred milliseconds of each
-    micro-batch. Each part of a batch is now two projections over its filtered rows."""
+    micro-batch (`pipelines.expressions`). Each part of a batch is now two projections over its
+    filtered rows, with every column and condition built once for the decoder's life."""
 
     def __init__(self, config: DecodeConfig, schemas: SubjectSchemas | None = None) -> None:
         if config.subject is not None and schemas is None:
@@ -77,17 +79,17 @@ class Decoder:
         self.schemas = schemas
         self._json_cache: dict[str, JsonPayloadSchema] = {}
         self._projections: dict[PayloadSchema, _Projection] = {}
-        self._prepared_columns: list[Column] | None = None
-        self._renames: dict[bool, list[Column]] = {}  # `prepare`'s columns, by whether the source has `source`
+        self._expressions = ExpressionCache()
         if config.inline_schema is not None:
             self._check(self._inline())
 
     def prepare(self, batch: DataFrame) -> DataFrame:
         """The source's columns renamed into the pipeline's metadata columns (+ `payload`)."""
         has_source = "source" in batch.columns
-        if has_source not in self._renames:
+
+        def renames() -> list[Column]:
             partition_topic = F.concat(F.col("topic"), F.lit("-part-"), F.col("partition").cast("string"))
-            self._renames[has_source] = [
+            return [
                 F.when(F.col("partition").isNull(), F.col("topic")).otherwise(partition_topic).alias("_topic"),
                 F.col("partition").alias("_partition"),
                 F.col("offset").alias("_offset"),
@@ -99,7 +101,8 @@ class Decoder:
                 F.col("attributes").alias("_attributes"),
                 F.col("payload").alias(PAYLOAD),
             ]
-        return batch.select(*self._renames[has_source])
+
+        return batch.select(*self._expressions.get(("prepare", has_source), renames))
 
     def resolve_versions(self) -> tuple[int | None, int | None]:
         """(the subject's schema id, the version for messages that name none), read now.
@@ -119,7 +122,7 @@ class Decoder:
         replayed batch exactly as its first attempt did; resolved now when None.
         """
         if self.config.format == "raw":
-            return prepared.withColumn(DECODE_ERROR, F.lit(None).cast("string"))
+            return prepared.withColumn(DECODE_ERROR, self._expressions.get("no error", lambda: F.lit(None).cast("string")))
         if self.schemas is None:
             return self._decode_with(prepared, self._inline())
         schema_id, default = versions if versions is not None and versions[1] is not None else self.resolve_versions()
@@ -135,19 +138,30 @@ class Decoder:
         Which versions get a part: where the subject has at most `PLANNED_VERSIONS` versions
         (registered, or loaded earlier by this decoder), one part for each of them and one that
         quarantines rows naming any other version, planned without looking at the rows; else
-        the versions the batch's rows name, found with one Spark job over the batch."""
+        the versions the batch's rows name, found with one Spark job over the batch. A subject
+        of one version is decoded in a single projection that also quarantines the rows naming
+        another version. Where the plan reads `prepared` more than once, it is persisted here
+        (the caller unpersists it after the batch)."""
         assert self.schemas is not None
-        named = (F.col("_schema_id") == F.lit(schema_id)) & F.col("_schema_version").isNotNull()
-        version = F.when(named, F.col("_schema_version")).otherwise(F.lit(default))
-        parts = self._planned_parts(prepared, version, default)
+
+        def row_version() -> Column:
+            named = (F.col("_schema_id") == F.lit(schema_id)) & F.col("_schema_version").isNotNull()
+            return F.when(named, F.col("_schema_version")).otherwise(F.lit(default))
+
+        version = self._expressions.get(("version", schema_id, default), row_version)
+        parts = self._planned_parts(prepared, version, schema_id, default)
         if parts is None:
+            prepared.persist()  # read by the job that lists the versions, then by each part
             found = prepared.select(version.alias(_VERSION)).distinct().collect()
             parts = [self._decode_version(prepared.filter(version == v), v) for v in sorted(row[0] for row in found)]
+        elif len(parts) > 1:
+            prepared.persist()  # read by each part
         if not parts:
             return self._decode_version(prepared, default)
         return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
 
-    def _planned_parts(self, prepared: DataFrame, version: Column, default: int) -> list[DataFrame] | None:
+    def _planned_parts(self, prepared: DataFrame, version: Column, schema_id: int | None,
+                       default: int) -> list[DataFrame] | None:
         """A part per known version plus the unknown-version part; None when there are too many
         versions to plan, or a known version could not decode a batch that names it (a payload
         field that clashes with the pipeline's columns: only a batch that uses it may fail)."""
@@ -155,47 +169,80 @@ class Decoder:
         known = sorted(self.schemas.known_versions() | {default})
         if len(known) > PLANNED_VERSIONS:
             return None
+        subject = self.schemas.subject
+
+        def conditions() -> tuple[list[Column], Column, Column]:
+            label = F.concat(F.lit(f"schema registry subject {subject!r} version "), version.cast("string"))
+            reason = F.concat(label, F.lit(f" cannot be loaded: the subject has versions {known} only"))
+            return [version == v for v in known], ~version.isin(known), reason
+
+        per_version, unknown, reason = self._expressions.get(("planned", schema_id, default, *known), conditions)
+        if len(known) == 1:
+            schema = self._version_schema(known[0])
+            if isinstance(schema, PayloadSchema):
+                try:
+                    self._check(schema)
+                except ConfigError:
+                    return None
+                return [self._decode_with(prepared, schema, (unknown, reason, (schema_id, default)))]
         try:
-            parts = [self._decode_version(prepared.filter(version == v), v) for v in known]
+            parts = [self._decode_version(prepared.filter(rows), v) for rows, v in zip(per_version, known)]
         except ConfigError:
             return None
-        label = F.concat(F.lit(f"schema registry subject {self.schemas.subject!r} version "), version.cast("string"))
-        reason = F.concat(label, F.lit(f" cannot be loaded: the subject has versions {known} only"))
-        return [*parts, self._failed(prepared.filter(~version.isin(known)), reason)]
+        return [*parts, self._failed(prepared.filter(unknown), reason, ("unknown", schema_id, default, *known))]
 
     def _decode_version(self, rows: DataFrame, version: int) -> DataFrame:
+        schema = self._version_schema(version)
+        if not isinstance(schema, PayloadSchema):
+            return self._failed(rows, F.lit(schema))
+        self._check(schema)
+        return self._decode_with(rows, schema)
+
+    def _version_schema(self, version: int) -> PayloadSchema | str:
+        """The registry version's schema, or why rows naming it cannot be decoded."""
         assert self.schemas is not None
         label = f"schema registry subject {self.schemas.subject!r} version {version}"
         try:
             found: SchemaVersion = self.schemas.version(version)
         except DanubeError as exc:
             logger.warning("%s: cannot load it (%s); its rows go to quarantine", label, exc)
-            return self._failed(rows, F.lit(f"{label} cannot be loaded: {exc}"))
+            return f"{label} cannot be loaded: {exc}"
         wanted = "JsonSchema" if self.config.format == "json" else "Avro"
         if found.schema_def.kind != wanted:
-            return self._failed(rows, F.lit(f"{label} is a {found.schema_def.kind} schema, "
-                                            f"decode.format {self.config.format} needs {wanted}"))
-        schema = PayloadSchema(wanted, found.schema_def.raw_schema or "", label)
-        self._check(schema)
-        return self._decode_with(rows, schema)
+            return f"{label} is a {found.schema_def.kind} schema, decode.format {self.config.format} needs {wanted}"
+        return PayloadSchema(wanted, found.schema_def.raw_schema or "", label)
 
-    def _failed(self, rows: DataFrame, reason: Column) -> DataFrame:
-        """`rows` undecoded: their payload rescued as text and `reason` as the decode error."""
-        return rows.select(*self._prepared(), self._rescue_text().alias(RESCUED), reason.alias(DECODE_ERROR))
+    def _failed(self, rows: DataFrame, reason: Column, key: tuple | None = None) -> DataFrame:
+        """`rows` undecoded: their payload rescued as text and `reason` as the decode error.
 
-    def _decode_with(self, rows: DataFrame, schema: PayloadSchema) -> DataFrame:
+        `key`: what names `reason` for the decoder's life, so the columns are built once."""
+        def columns() -> list[Column]:
+            return [*self._prepared(), self._rescue_text().alias(RESCUED), reason.alias(DECODE_ERROR)]
+
+        return rows.select(*(columns() if key is None else self._expressions.get(("failed", *key), columns)))
+
+    def _decode_with(self, rows: DataFrame, schema: PayloadSchema,
+                     others: tuple[Column, Column, tuple] | None = None) -> DataFrame:
+        """`rows` decoded with `schema`, as two selects built once per schema.
+
+        `others` = (condition, reason, key): rows meeting the condition are not decoded but
+        quarantined with `reason` (their payload rescued as text), as `_failed` does; `key`
+        names the condition and reason for the decoder's life."""
         if schema not in self._projections:
             self._projections[schema] = (self._json_projection(self._json(schema)) if schema.kind == "JsonSchema"
                                          else self._avro_projection(schema))
         projection = self._projections[schema]
-        parsed = rows.select(*self._prepared(), projection.parsed.alias(_PARSED))
-        return parsed.select(*self._prepared(), *projection.outputs)
+        if others is None:
+            parsing, outputs = self._expressions.get(("decode", schema), lambda: projection.selects(self._prepared()))
+        else:
+            excluded, reason, key = others
+            parsing, outputs = self._expressions.get(("decode", schema, *key), lambda: projection.selects(
+                self._prepared(), (excluded, reason, self._rescue_text())))
+        return rows.select(*parsing).select(*outputs)
 
     def _prepared(self) -> list[Column]:
         """The columns `prepare` gives, as built once (a name passed to `select` costs a JVM call)."""
-        if self._prepared_columns is None:
-            self._prepared_columns = [F.col(name) for name in _PREPARED]
-        return self._prepared_columns
+        return self._expressions.get("prepared", lambda: [F.col(name) for name in _PREPARED])
 
     def _json(self, schema: PayloadSchema) -> JsonPayloadSchema:
         if schema.text not in self._json_cache:
@@ -250,22 +297,38 @@ class Decoder:
         if self.config.on_error == "rescue":
             rescued = F.when(error.isNotNull(), self._rescue_text()).otherwise(rescued)
             error = F.lit(None).cast("string")
-        return _Projection(parsed, [*data, rescued.alias(RESCUED), error.alias(DECODE_ERROR)])
+        return _Projection(parsed, data, rescued, error)
 
     def _rescue_text(self) -> Column:
         """The payload as text (JSON) or base64 (Avro bytes are not text)."""
         if self.config.format == "avro":
-            return F.base64(F.col(PAYLOAD))
-        return F.col(PAYLOAD).cast("string")
+            return self._expressions.get("rescue", lambda: F.base64(F.col(PAYLOAD)))
+        return self._expressions.get("rescue", lambda: F.col(PAYLOAD).cast("string"))
 
 
 @dataclass(frozen=True)
 class _Projection:
-    """One schema's decode: `parsed` (the payload's struct, named `_PARSED`) and the columns
-    computed from it."""
+    """One schema's decode: `parsed` (the payload's struct, selected as `_PARSED`), the data
+    columns computed from it (aliased), `_rescued_data` and `_decode_error` (not aliased)."""
 
     parsed: Column
-    outputs: list[Column]
+    data: list[Column]
+    rescued: Column
+    error: Column
+
+    def selects(self, prepared: list[Column],
+                others: tuple[Column, Column, Column] | None = None) -> tuple[list[Column], list[Column]]:
+        """The two selects' columns, each keeping `prepared`. `others` = (condition, reason,
+        rescued text): rows meeting the condition get no parse, `reason` as the decode error
+        and their payload as rescued text."""
+        parsed, rescued, error = self.parsed, self.rescued, self.error
+        if others is not None:
+            excluded, reason, text = others
+            parsed = F.when(~excluded, parsed)
+            rescued = F.when(excluded, text).otherwise(rescued)
+            error = F.when(excluded, reason).otherwise(error)
+        return ([*prepared, parsed.alias(_PARSED)],
+                [*prepared, *self.data, rescued.alias(RESCUED), error.alias(DECODE_ERROR)])
 
 
 def _avro_fields(schema: PayloadSchema) -> list[dict]:

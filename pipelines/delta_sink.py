@@ -2,9 +2,9 @@
 
 Order per batch, and why it gives exactly-once:
 
-1. decode and validate the batch. The source's rows are cached once (the decoder's look at the
-   schema versions and everything after it reuse them, so the topic is read once per batch) and
-   so are the decoded rows; one pass (observed metrics) gives the offset spans and the decode
+1. decode and validate the batch. The decoded rows are cached, and so are the source's rows
+   where the decoder reads them more than once (a part per schema version), so the topic is
+   read once per batch; one pass (observed metrics) gives the offset spans and the decode
    failures, and collects what great-expectations' pandas engine reads when the batch is small
    enough for it; great-expectations names the rows it rejects, so no further job counts anything;
 2. append the valid rows to the target and the failing rows to the quarantine table (the two
@@ -61,13 +61,14 @@ from pyspark.sql import functions as F
 
 from connectors.cursor_commit import commit_cursors
 from danube_core.metadata import MetadataStore
-from pipelines.batch_summary import collected_columns, summarize, summarize_and_collect
+from pipelines.batch_summary import collected_columns, decodable_rows, summarize, summarize_and_collect
 from pipelines.batch_trail import SplitDecision, TableTrail, check_checkpoint, pipeline_tables, read_trail
-from pipelines.checkpoint_state import CheckpointState, PlannedRange, missing_offsets, planned_batch, read_state
+from pipelines.checkpoint_state import CheckpointState, OffsetsLog, PlannedRange, missing_offsets, read_state
 from pipelines.config import PipelineConfig, TableConfig
 from pipelines.decode import DECODE_ERROR, META_COLUMNS, PAYLOAD, Decoder
 from pipelines.delta_state import TableStateWarmer
-from pipelines.expectations import FAILED, BatchQuality, QualityGate, mark_failures
+from pipelines.expectations import FAILED, BatchQuality, QualityGate, mark_failures, no_failures
+from pipelines.expressions import ExpressionCache
 from pipelines.fault_hook import fault_point, fault_window, faulting_store
 from pipelines.metrics import BatchReport, OffsetSpan, PipelineMetrics
 from pipelines.schema_registry import SubjectSchemas
@@ -99,10 +100,12 @@ class DeltaBatchWriter:
         self.metrics = metrics
         self.clock = clock
         self._checkpoint_id: tuple[str | None] | None = None  # read once: fixed for the query's life
+        self._offsets: OffsetsLog | None = None
         self._trails: dict[str, TableTrail] | None = None  # per table location, kept current
         self._replay_tools: dict[str, tuple[Decoder, QualityGate | None]] = {}
         self.announcer = _announcer(config, metadata)
         self.warmer = TableStateWarmer()  # the next write's Delta state, computed off the batch's path
+        self.expressions = ExpressionCache()  # the batch's columns and conditions, built once per query
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         timings: dict[str, float] = {}
@@ -113,16 +116,16 @@ class DeltaBatchWriter:
         check_checkpoint(self.config.name, checkpoint, trails.values(), batch_id)
         decision, replayed = self._decision(trails, batch_id)
         decoder, gate = self._tools(decision)
-        prepared = decoder.prepare(batch).persist()
+        prepared = decoder.prepare(batch)  # the decoder persists it if its plan reads it more than once
         decoded: DataFrame | None = None
         try:
             decoded = decoder.decode(prepared, (decision.schema_id, decision.default_version)).persist()
-            planned, lock = planned_batch(spark, self.config.checkpoint, batch_id)
+            planned, lock = self._offsets_log(spark).planned_batch(batch_id)
             columns = collected_columns(gate, decoded, planned)
             if planned and columns:
-                summary, collected = summarize_and_collect(decoded, planned.keys(), columns)
+                summary, collected = summarize_and_collect(decoded, planned.keys(), columns, self.expressions)
             else:
-                summary, collected = summarize(decoded, planned.keys() if planned else None), None
+                summary, collected = summarize(decoded, planned.keys() if planned else None, self.expressions), None
             spans = summary.spans
             lost = missing_offsets(planned or {}, {t: (s.start, s.rows) for t, s in spans.items()})
             timings["decode"] = self.clock() - started
@@ -148,7 +151,8 @@ class DeltaBatchWriter:
         finally:
             if decoded is not None:
                 decoded.unpersist()
-            prepared.unpersist()
+            if prepared.is_cached:
+                prepared.unpersist()
         report = BatchReport(batch_id, summary.rows, counts["valid"], counts["decode"],
                              counts["expectations"], spans, cursors, quality, timings, lost, replayed)
         self.metrics.record(report)
@@ -163,6 +167,11 @@ class DeltaBatchWriter:
         if self._checkpoint_id is None:
             self._checkpoint_id = (read_state(spark, self.config.checkpoint).query_id,)
         return CheckpointState(self.config.checkpoint, self._checkpoint_id[0], batch_id)
+
+    def _offsets_log(self, spark: SparkSession) -> OffsetsLog:
+        if self._offsets is None:
+            self._offsets = OffsetsLog(spark, self.config.checkpoint)
+        return self._offsets
 
     def _load_trails(self, spark: SparkSession) -> dict[str, TableTrail]:
         """Each table's last commit of this pipeline, read from Delta once per writer."""
@@ -221,13 +230,13 @@ class DeltaBatchWriter:
         written = []
         quarantine = None
         if counts["decode"] + counts["expectations"]:
-            rows = quarantine_rows(marked, self.config.name, batch_id)
+            rows = quarantine_rows(marked, self.config.name, batch_id, self.expressions)
             quarantine = _in_background(lambda: self._write(rows, self.config.quarantine, batch_id, metadata,
                                                             merge_schema=True))
         try:
             if counts["valid"]:
                 with fault_window("during_target_write"):
-                    written.append(self._write(target_rows(marked), self.config.target, batch_id, metadata))
+                    written.append(self._write(target_rows(marked, self.expressions), self.config.target, batch_id, metadata))
                 fault_point("after_target_write")
         except BaseException:
             if quarantine is not None:  # let it finish (or fail) before the batch fails
@@ -246,18 +255,18 @@ class DeltaBatchWriter:
         return written
 
     def _validate(self, decoded: DataFrame, gate: QualityGate | None, timings: dict[str, float],
-                  decodable_rows: int, collected: Any = None) -> tuple[DataFrame, BatchQuality | None]:
+                  decodable_count: int, collected: Any = None) -> tuple[DataFrame, BatchQuality | None]:
         """Run the suite on the decodable rows; every row gets `_failed_expectations`.
 
         The count (known from `summarize`) lets the gate pick its engine without a Spark job;
         `collected` (from `summarize_and_collect`) spares the pandas engine its collect."""
         if gate is None:
-            return decoded.withColumn(FAILED, F.array().cast("array<string>")), None
+            return decoded.withColumn(FAILED, self.expressions.get("no failures", no_failures)), None
         mark = self.clock()
-        decodable = decoded.filter(F.col(DECODE_ERROR).isNull()).drop(PAYLOAD)
-        quality = gate.validate(decodable, decodable_rows, collected)
+        decodable = decoded.filter(self.expressions.get("decodable", decodable_rows)).drop(PAYLOAD)
+        quality = gate.validate(decodable, decodable_count, collected)
         timings["expectations"] = self.clock() - mark
-        return mark_failures(decoded.sparkSession, decoded, quality), quality
+        return mark_failures(decoded.sparkSession, decoded, quality, self.expressions), quality
 
     def _write(self, rows: DataFrame, table: TableConfig, batch_id: int, metadata: str,
                merge_schema: bool | None = None) -> str:
@@ -346,22 +355,25 @@ def cursor_ends(spans: Mapping[str, OffsetSpan], planned: Mapping[str, PlannedRa
     return ends
 
 
-def target_rows(marked: DataFrame) -> DataFrame:
+def target_rows(marked: DataFrame, expressions: ExpressionCache | None = None) -> DataFrame:
     """Rows that decoded and passed every expectation, without the raw payload."""
-    valid = marked.filter(F.col(DECODE_ERROR).isNull() & (F.size(F.col(FAILED)) == 0))
+    cache = expressions or ExpressionCache()
+    valid = marked.filter(cache.get("valid", lambda: F.col(DECODE_ERROR).isNull() & (F.size(F.col(FAILED)) == 0)))
     if "_rescued_data" not in valid.columns:  # raw format: the payload is the data
         return valid.drop(DECODE_ERROR, FAILED)
     return valid.drop(PAYLOAD, DECODE_ERROR, FAILED)
 
 
-def quarantine_rows(marked: DataFrame, pipeline: str, batch_id: int) -> DataFrame:
+def quarantine_rows(marked: DataFrame, pipeline: str, batch_id: int,
+                    expressions: ExpressionCache | None = None) -> DataFrame:
     """Failing rows with their raw payload and why they failed (a fixed schema for every format)."""
-    failing = marked.filter(F.col(DECODE_ERROR).isNotNull() | (F.size(F.col(FAILED)) > 0))
-    return failing.select(
+    cache = expressions or ExpressionCache()
+    failing = marked.filter(cache.get("failing", lambda: F.col(DECODE_ERROR).isNotNull() | (F.size(F.col(FAILED)) > 0)))
+    kept = cache.get(("quarantined", pipeline), lambda: [
         *[F.col(c) for c in META_COLUMNS], F.col(PAYLOAD), F.col(DECODE_ERROR), F.col(FAILED),
-        F.lit(pipeline).alias("_pipeline"), F.lit(batch_id).cast("long").alias("_batch_id"),
-        F.current_timestamp().alias("_quarantined_at"),
-    )
+        F.lit(pipeline).alias("_pipeline")])
+    return failing.select(*kept, F.lit(batch_id).cast("long").alias("_batch_id"),
+                          cache.get("quarantined_at", lambda: F.current_timestamp().alias("_quarantined_at")))
 
 
 def results_frame(spark: SparkSession, pipeline: str, batch_id: int, quality: BatchQuality) -> DataFrame:

@@ -35,11 +35,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from danube_core.errors import ConfigError
 from pipelines.config import ExpectationRule, ExpectationsConfig
+from pipelines.expressions import ExpressionCache
 
 logger = logging.getLogger(__name__)
 
@@ -274,17 +275,24 @@ def _log(quality: BatchQuality) -> None:
                 "passed" if quality.success else "failed", len(quality.failed_rows), quality.duration_s)
 
 
-def mark_failures(spark: SparkSession, rows: DataFrame, quality: BatchQuality) -> DataFrame:
+def no_failures() -> Column:
+    """`_failed_expectations` of a row that failed none."""
+    return F.array().cast("array<string>")
+
+
+def mark_failures(spark: SparkSession, rows: DataFrame, quality: BatchQuality,
+                  expressions: ExpressionCache | None = None) -> DataFrame:
     """`rows` with `_failed_expectations` (array of rule names, empty when the row passed).
 
     A few failing rows (at most `LITERAL_FAILURES`) are looked up in a literal map in the rows'
     own projection; more are joined from a broadcast frame. The join costs each write of the
     batch (target and quarantine) a Spark job to broadcast it."""
-    empty = F.array().cast("array<string>")
+    cache = expressions or ExpressionCache()
+    empty = cache.get("no failures", no_failures)
     if not quality.failed_rows:
         return rows.withColumn(FAILED, empty)
     if len(quality.failed_rows) <= LITERAL_FAILURES:
-        key = F.concat_ws(_KEY_SEPARATOR, F.col("_topic"), F.col("_offset").cast("string"))
+        key = cache.get("row key", lambda: F.concat_ws(_KEY_SEPARATOR, F.col("_topic"), F.col("_offset").cast("string")))
         entries = [part for (topic, offset), names in quality.failed_rows.items()
                    for part in (F.lit(f"{topic}{_KEY_SEPARATOR}{offset}"), F.array(*[F.lit(n) for n in names]))]
         return rows.withColumn(FAILED, F.coalesce(F.create_map(*entries)[key], empty))

@@ -88,10 +88,12 @@ def test_three_partition_topic_with_an_inline_schema(lake):
     assert [lake.cursor(b.name, config.source.subscription) for b in partitions] == [3, 4, 5]
 
 
-@pytest.mark.parametrize("versions", [1, PLANNED_VERSIONS + 1], ids=["planned-from-registry", "listed-by-a-job"])
+@pytest.mark.parametrize("versions", [1, 2, PLANNED_VERSIONS + 1],
+                         ids=["one-version", "planned-from-registry", "listed-by-a-job"])
 def test_messages_naming_a_version_the_subject_lacks_are_quarantined_naming_it(lake, versions):
-    """A subject of few versions is decoded with a part per registered version planned from the
-    registry; one of many, with the versions a batch names found by a Spark job. Either way
+    """A subject of one version is decoded in one projection; one of few versions with a part per
+    registered version planned from the registry; one of many, with the versions a batch names
+    found by a Spark job. Each way
     every message decodes with the version it names, and one naming a version that does not
     exist goes to quarantine with a reason naming that version."""
     subject, schema_id = lake.subject()

@@ -10,7 +10,7 @@ import pytest
 from danube_core.errors import CheckpointMismatchError
 from pipelines.batch_trail import SplitDecision, TableTrail, check_checkpoint, latest_trail, resume_positions
 from pipelines.checkpoint_state import (
-    CheckpointState, PlannedRange, missing_offsets, parse_offset_entry, parse_query_id, ranges_between,
+    CheckpointState, PlannedRange, missing_offsets, parse_query_id, parse_source_offset, ranges_between,
 )
 from pipelines.config import DecodeConfig, ExpectationRule
 
@@ -78,8 +78,9 @@ def test_resume_positions_come_from_the_newest_batch():
 
 def test_offset_log_entries_and_query_ids():
     entry = 'v1\n{"batchWatermarkMs":0}\n{"offsets":{"/ns/t":12},"subscription":"s"}'
-    assert parse_offset_entry(entry) == {"/ns/t": 12}
-    assert parse_offset_entry('v1\n{}\n-') is None and parse_offset_entry(None) is None
+    offset = parse_source_offset(entry)
+    assert offset is not None and dict(offset.positions) == {"/ns/t": 12}
+    assert parse_source_offset('v1\n{}\n-') is None and parse_source_offset(None) is None
     assert parse_query_id('{"id":"abc"}\n') == "abc"
     assert parse_query_id(None) is None and parse_query_id("garbage") is None
 
