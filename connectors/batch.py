@@ -148,6 +148,7 @@ def read_partition(partition: InputPartition, include_source: bool) -> Iterator[
         return  # Spark's placeholder when a batch plan has no partitions
     from connectors.schema import to_spark_batch
     from connectors.task_reader import read_task
+    from connectors.worker_heap import freeze_long_lived
 
     lost: list = []
     on_loss = lost.append if partition.loss_record is not None else None
@@ -161,6 +162,7 @@ def read_partition(partition: InputPartition, include_source: bool) -> Iterator[
 
         assert partition.loss_record is not None
         write_record(partition.loss_record, partition.loss_storage_options, lost)
+    freeze_long_lived()  # the worker's imports stay out of its per-task gc.collect()
 
 
 class DanubeBatchReader(DataSourceReader):

@@ -211,10 +211,12 @@ def test_wal_directory_missing_on_the_executor_is_a_setting_not_data_loss(tmp_pa
         assert list(read_task(missing_file, on_loss=lost.append)) == [] and lost[0].count == 5
 
 
-def test_reading_a_task_into_the_spark_schema_does_not_import_pandas(metadata, tmp_path, unique_name):
+def test_reading_a_task_in_a_fresh_worker_imports_no_pandas_and_freezes_the_heap(metadata, tmp_path, unique_name):
     """pyarrow imports pandas to convert Python values (`to_numpy`, `pa.scalar`, `pa.repeat`):
     ~0.4 s of CPU in every fresh Python worker and in each stream's driver process, which reads
-    publish times for the lag. Spark's workers do not import it; reading must not either."""
+    publish times for the lag. Spark's workers do not import it; reading must not either.
+    After the read the worker's objects are frozen, so the `gc.collect()` PySpark runs after
+    every task walks only what later tasks create (`connectors.worker_heap`)."""
     import json
     import subprocess
     import sys
@@ -230,14 +232,16 @@ def test_reading_a_task_into_the_spark_schema_does_not_import_pandas(metadata, t
     finally:
         b.close()
     script = (
-        "import json, sys\n"
+        "import gc, json, sys\n"
         "from connectors.batch import DanubePartition, read_partition\n"
         "from connectors.read_task import ReadTask\n"
         "tasks = [ReadTask.from_dict(t) for t in json.loads(sys.argv[1])]\n"
         "rows = sum(b.num_rows for b in read_partition(DanubePartition(0, tasks), True))\n"
-        "print(json.dumps({'rows': rows, 'pandas': 'pandas' in sys.modules}))\n"
+        "print(json.dumps({'rows': rows, 'pandas': 'pandas' in sys.modules,\n"
+        "                  'frozen': gc.get_freeze_count() > 10000, 'walked': len(gc.get_objects()) < 1000}))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", script, json.dumps([t.to_dict() for t in tasks])],
                          capture_output=True, text=True, check=True, env=env)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rows": 320, "pandas": False}
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rows": 320, "pandas": False, "frozen": True,
+                                                               "walked": True}
