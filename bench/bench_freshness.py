@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import queue
 import statistics
 import sys
@@ -41,6 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common import tree_cpu_s  # noqa: E402
 from danube_core.metadata import EtcdMetadataStore  # noqa: E402
 from danube_core.schema_registry import register_schema  # noqa: E402
 from pipelines.config import parse_config  # noqa: E402
@@ -254,6 +256,17 @@ def run_spark_baseline(spark, stack: EmbeddedStack, root: Path, rate: int, secon
     }
 
 
+def with_load(phase, jvm_pid: int) -> dict:
+    """Run `phase`; add the CPU seconds the Spark side spent in it (the JVM with its Python
+    workers, and this driver process) and the 1-minute load average at its end."""
+    cpu_before, wall_before = tree_cpu_s(jvm_pid) + time.process_time(), time.monotonic()
+    result = phase()
+    result["spark_cpu_s"] = round(tree_cpu_s(jvm_pid) + time.process_time() - cpu_before, 1)
+    result["wall_s"] = round(time.monotonic() - wall_before, 1)
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)
+    return result
+
+
 def _epoch(iso: str) -> float:
     from datetime import datetime
 
@@ -332,9 +345,13 @@ def main() -> int:
         try:
             if args.jit_warmup > 0:  # untimed: the phases below all start from a warmed-up JVM
                 run_phase(spark, stack, root, "jit-warmup", RULES, args.rate, args.jit_warmup, 0.0)
-            for label, rules in (("with_ge", RULES), ("without_ge", None)):
-                results.append(run_phase(spark, stack, root, label, rules, args.rate, args.seconds, args.warmup))
-            results.append(run_spark_baseline(spark, stack, root, args.rate, args.seconds, args.warmup))
+            jvm = spark.sparkContext._gateway.proc.pid
+            phases = [lambda rules=rules, label=label: run_phase(spark, stack, root, label, rules, args.rate,
+                                                                 args.seconds, args.warmup)
+                      for label, rules in (("with_ge", RULES), ("without_ge", None))]
+            phases.append(lambda: run_spark_baseline(spark, stack, root, args.rate, args.seconds, args.warmup))
+            for phase in phases:
+                results.append(with_load(phase, jvm))
             if not args.no_profile:
                 profile = profile_driver(spark, stack, root, args.rate, args.seconds, args.warmup)
         finally:
@@ -354,10 +371,11 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"{'phase':<12} {'rate/s':>8} {'rows':>7} {'batches':>8} {'p50 s':>7} {'p99 s':>7} "
-          f"{'batch s':>8} {'GE s':>6}")
+          f"{'batch s':>8} {'GE s':>6} {'CPU s':>6} {'wall s':>6} {'load':>5}")
     for r in results:
         print(f"{r['label']:<12} {r['achieved_rate_msgs_s']:>8} {r['rows']:>7} {r['batches']:>8} {r['p50_s']!s:>7} "
-              f"{r['p99_s']!s:>7} {r['mean_batch_s']!s:>8} {r['mean_expectations_s']!s:>6}")
+              f"{r['p99_s']!s:>7} {r['mean_batch_s']!s:>8} {r['mean_expectations_s']!s:>6} "
+              f"{r['spark_cpu_s']:>6} {r['wall_s']:>6} {r['load_average_1m']:>5}")
     print(f"great-expectations overhead (mean batch time with / without): {report['ge_overhead_ratio']}")
     print(f"p50 without great-expectations / p50 of Spark's rate source -> Delta: {report['p50_ratio_vs_spark_rate']}")
     print(f"vs Spark's rate source, p50 / p99: without great-expectations {report['p50_ratio_vs_spark_rate']} / "
