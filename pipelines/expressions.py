@@ -26,6 +26,3 @@ class ExpressionCache:
         if key not in self._built:
             self._built[key] = build()
         return self._built[key]  # type: ignore[return-value]
-
-    def __len__(self) -> int:
-        return len(self._built)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+import pipelines.batch_summary as batch_summary
 from pipelines.batch_summary import summarize, summarize_and_collect
+from pipelines.expressions import ExpressionCache
 
 pytestmark = pytest.mark.spark
 
@@ -48,4 +50,21 @@ def test_the_summary_and_the_suites_columns_come_from_one_pass(spark):
     assert sorted(collected.column("_offset").to_pylist()) == [3, 4, 5] + [o for o in range(10, 30) if o % 5]
     fallback, again = summarize_and_collect(decoded, ["/u"], ["_offset"])
     assert fallback == summary and again.num_rows == collected.num_rows
+    decoded.unpersist()
+
+
+def test_a_querys_cache_builds_the_summary_columns_once(spark, monkeypatch):
+    """Every batch of a query summarizes the same topic partitions: their metric columns (each
+    `F.*` call a JVM round trip) are built by the first batch only, starting from the writer's
+    empty cache."""
+    decoded = _decoded(spark)
+    cache = ExpressionCache()
+    first = summarize(decoded, ["/u", "/t-part-0"], cache)
+    built = []
+    real = batch_summary.F.collect_set
+    monkeypatch.setattr(batch_summary.F, "collect_set", lambda col: built.append(col) or real(col))
+    assert summarize(decoded, ["/t-part-0", "/u"], cache) == first
+    assert summarize_and_collect(decoded, ["/u", "/t-part-0"], ["_offset"], cache)[0] == first
+    assert built == []
+    assert summarize(decoded, ["/u"], cache) == first and built  # other topics: built for them (+ the group-by)
     decoded.unpersist()
