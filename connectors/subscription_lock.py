@@ -62,6 +62,19 @@ class LockToken:
         return cls(value["key"], value["lease"])
 
 
+def release_after_stop(metadata: MetadataStore, token: LockToken) -> None:
+    """Release the lock `token` names, from the driver, once its query has stopped.
+
+    The lock is held by the stream's source process, which Spark ends with SIGTERM when the
+    query stops (its handler releases the lock) or which sees its connection close (its
+    `stop()` releases it). A source process that ends any other way while the JVM shuts down
+    leaves the lease to expire, and a restart then waits up to a lease TTL; revoking the token's
+    own lease here (never an adopted one) makes the release independent of how that process
+    ends. The query has stopped, so nothing of it relies on the lock any more; a lease already
+    gone is fine."""
+    metadata.revoke_lease(int(token.lease, 16))
+
+
 def holder_accepts(raw: bytes | None, token: LockToken) -> bool:
     """Whether the lock value `raw` says `token`'s lease (or a run it adopted) holds the lock."""
     if raw is None:

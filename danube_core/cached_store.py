@@ -151,6 +151,9 @@ class CachedMetadataStore(MetadataStore):
     def resume_lease(self, lease_id: int, ttl_s: int) -> Lease:
         return self.store.resume_lease(lease_id, ttl_s)
 
+    def revoke_lease(self, lease_id: int) -> None:
+        self.store.revoke_lease(lease_id)
+
     def watch_prefix(
         self, prefix: str, callback: WatchCallback, *, start_revision: int | None = None,
         on_lost: LostCallback | None = None,

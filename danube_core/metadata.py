@@ -286,6 +286,11 @@ class MetadataStore(ABC):
         lease.refresh()
         return lease
 
+    def revoke_lease(self, lease_id: int) -> None:
+        """Revoke a lease granted earlier, by this process or another: its keys vanish now.
+        A lease already gone (revoked or expired) is not an error."""
+        self._lease_handle(lease_id, 1).revoke()
+
     def _lease_handle(self, lease_id: int, ttl_s: int) -> Lease:
         raise NotImplementedError(f"{type(self).__name__} cannot resume lease {lease_id:x}")
 

@@ -60,6 +60,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from connectors.cursor_commit import commit_cursors
+from connectors.subscription_lock import LockToken
 from danube_core.metadata import MetadataStore
 from pipelines.batch_summary import collected_columns, decodable_rows, summarize, summarize_and_collect
 from pipelines.batch_trail import SplitDecision, TableTrail, check_checkpoint, pipeline_tables, read_trail
@@ -101,6 +102,7 @@ class DeltaBatchWriter:
         self.clock = clock
         self._checkpoint_id: tuple[str | None] | None = None  # read once: fixed for the query's life
         self._offsets: OffsetsLog | None = None
+        self.lock: LockToken | None = None  # the subscription lock that planned the last batch
         self._trails: dict[str, TableTrail] | None = None  # per table location, kept current
         self._replay_tools: dict[str, tuple[Decoder, QualityGate | None]] = {}
         self.announcer = _announcer(config, metadata)
@@ -121,6 +123,7 @@ class DeltaBatchWriter:
         try:
             decoded = decoder.decode(prepared, (decision.schema_id, decision.default_version)).persist()
             planned, lock = self._offsets_log(spark).planned_batch(batch_id)
+            self.lock = lock or self.lock
             columns = collected_columns(gate, decoded, planned)
             if planned and columns:
                 summary, collected = summarize_and_collect(decoded, planned.keys(), columns, self.expressions)

@@ -24,7 +24,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 import connectors
 from connectors import options as opt
-from danube_core.errors import ConfigError, SubscriptionBusyError, error_type_in
+from connectors.subscription_lock import release_after_stop
+from danube_core.errors import ConfigError, DanubeError, SubscriptionBusyError, error_type_in
 from danube_core.metadata import MetadataStore
 from pipelines.batch_trail import check_checkpoint, pipeline_tables, read_trail
 from pipelines.checkpoint_state import read_state
@@ -134,6 +135,7 @@ class PipelineRunner:
             schemas.subject_metadata()  # fail fast on an unknown subject
         self.decoder = Decoder(config.decode, schemas)
         self.query: StreamingQuery | None = None
+        self._writer: DeltaBatchWriter | None = None
         self._closed = False
         self._stop_requested = threading.Event()
 
@@ -151,6 +153,7 @@ class PipelineRunner:
         checks again before every batch it writes."""
         self.check_checkpoint()
         writer = DeltaBatchWriter(self.config, self.decoder, self.gate, self.options, self.metadata, self.metrics)
+        self._writer = writer
         stream = observe_input(self.spark.readStream.format("danube").options(**self.options).load())
         builder = (
             stream.writeStream.queryName(self.config.name)
@@ -198,9 +201,17 @@ class PipelineRunner:
                 time.sleep(1.0)
 
     def stop(self) -> None:
-        """Stop the query (the current batch finishes or is replayed next time) and close etcd."""
+        """Stop the query (the current batch finishes or is replayed next time), release its
+        subscription lock (`release_after_stop`) and close etcd."""
         if self.query is not None and self.query.isActive:
             self.query.stop()
+        lock = self._writer.lock if self._writer is not None else None
+        if lock is not None and not self._closed:
+            try:
+                release_after_stop(self.metadata, lock)
+            except DanubeError as exc:  # the lease then expires on its own
+                logger.warning("pipeline %s: could not release subscription lock %s: %s", self.config.name,
+                               lock.key, exc)
         if not self._closed:
             self._closed = True
             self.metadata.close()

@@ -211,6 +211,13 @@ class MetadataStoreContract:
         assert store.get(prefix + "kept") is None
         kept.revoke()  # revoking again is harmless
 
+    def test_a_lease_is_revoked_by_its_id_alone(self, store: MetadataStore, prefix: str):
+        lease = store.grant_lease(30)  # granted by "another process": only its id is known here
+        store.put(prefix + "locked", b"l", lease=lease)
+        store.revoke_lease(lease.id)
+        assert store.get(prefix + "locked") is None
+        store.revoke_lease(lease.id)  # already gone: harmless
+
     def test_keep_alive_reports_a_lost_lease(self, store: MetadataStore, prefix: str):
         lease = store.grant_lease(5)
         lost: list[Exception] = []

@@ -6,7 +6,7 @@ import pytest
 
 from connectors.cursor_commit import CursorWriter, commit_cursors
 from connectors.offsets import SourceOffset
-from connectors.subscription_lock import LockToken, SubscriptionLock, holder_accepts
+from connectors.subscription_lock import LockToken, SubscriptionLock, holder_accepts, release_after_stop
 from danube_core.errors import SubscriptionLockLostError
 from danube_core.keys import cursor_key
 from danube_core.metadata import MemoryMetadataStore
@@ -148,3 +148,15 @@ def test_the_holder_commits_with_the_value_it_wrote_and_still_finds_a_lost_lease
         writer.commit({TOPIC: 8}, lock.token, guard=guard)
     assert metadata.get(CURSOR) == b"3"
     other.release()
+
+
+def test_the_driver_releases_a_stopped_querys_lock_by_its_token(metadata) -> None:
+    """A source process that ended without releasing leaves the key until its lease expires;
+    the driver revokes the token's lease after the query stopped, and again is harmless."""
+    lock = take(metadata)
+    lock._keep_alive.stop()  # the source process is gone, its lease not yet expired
+    assert metadata.get(lock.key) is not None
+    release_after_stop(metadata, lock.token)
+    assert metadata.get(lock.key) is None
+    release_after_stop(metadata, lock.token)
+    assert take(metadata).token != lock.token  # the subscription is free at once
