@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 ENV_PREFIX = "DANUBE_"
 ENV_SEPARATOR = "__"
 LOOPBACK_FOR_ANY = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+# Who serves the client port (our extension, `broker.grpc_front`): "native" answers
+# SendMessage in Rust and hands the rest to Python's gRPC server (broker/send_front.py);
+# "python" is Python's gRPC server alone.
+GRPC_FRONTS = ("native", "python")
 
 _TOP_LEVEL = {
     "cluster_name", "broker", "meta_store", "bootstrap_namespaces", "auto_create_topics",
@@ -50,10 +54,12 @@ class ListenerConfig:
     prometheus_port: int | None
     broker_url: str
     connect_url: str
+    grpc_front: str = "native"
 
     @property
     def bind_address(self) -> str:
-        return f"{self.host}:{self.client_port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.client_port}"
 
     @property
     def admin_addr(self) -> str:
@@ -290,7 +296,7 @@ def _check_load_manager(section: _Reader) -> None:
 
 
 def _listener(broker: _Reader) -> ListenerConfig:
-    broker.only({"host", "ports", "advertised_listeners"})
+    broker.only({"host", "ports", "advertised_listeners", "grpc_front"})
     ports = broker.section("ports")
     ports.only({"client", "admin", "prometheus"})
     host = broker.text("host", "127.0.0.1")
@@ -306,6 +312,7 @@ def _listener(broker: _Reader) -> ListenerConfig:
         prometheus_port=ports.integer("prometheus", None, 1, 65535),
         broker_url=broker_url,
         connect_url=_with_scheme(advertised.text("connect_url", broker_url)),
+        grpc_front=broker.value("grpc_front", "native", lambda v: v in GRPC_FRONTS, " or ".join(GRPC_FRONTS)),
     )
 
 

@@ -68,7 +68,8 @@ def to_proto(msg: StreamMessage) -> pb.StreamMessage:
     return proto
 
 
-def _status(error: Exception) -> tuple[grpc.StatusCode, str]:
+def grpc_status(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status and details a client receives for `error`."""
     if isinstance(error, ClientError):
         return grpc.StatusCode[error.status_name], str(error)
     if isinstance(error, DanubeError):
@@ -86,10 +87,16 @@ def translated(method: Callable) -> Callable:
         try:
             return await method(self, request, context)
         except Exception as exc:  # every failure must reach the client as a status, never crash
-            code, details = _status(exc)
+            code, details = grpc_status(exc)
             await context.abort(code, details)
 
     return wrapper
+
+
+async def send_message(service: BrokerService, request: pb.StreamMessage) -> pb.MessageResponse:
+    """SendMessage, whichever front received it (this server or `broker.send_front`)."""
+    await service.send(to_stream_message(request))
+    return pb.MessageResponse(request_id=request.request_id)
 
 
 class ProducerService(pb_grpc.ProducerServiceServicer):
@@ -107,8 +114,7 @@ class ProducerService(pb_grpc.ProducerServiceServicer):
 
     @translated
     async def SendMessage(self, request: pb.StreamMessage, context: Any) -> pb.MessageResponse:
-        await self._service.send(to_stream_message(request))
-        return pb.MessageResponse(request_id=request.request_id)
+        return await send_message(self._service, request)
 
 
 class ConsumerService(pb_grpc.ConsumerServiceServicer):
@@ -126,7 +132,7 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):
         try:
             messages = self._service.stream(request.consumer_id)
         except Exception as exc:  # reported as a status before the first message
-            code, details = _status(exc)
+            code, details = grpc_status(exc)
             await context.abort(code, details)
             return
         async for msg in messages:

@@ -36,6 +36,7 @@ from broker.identity import (
 from broker.leader import TopicAssigner, broker_election
 from broker.namespaces import Namespaces
 from broker.schema_service import add_schema_registry
+from broker.send_front import SendFront
 from broker.service import BrokerService
 from broker.storage_engine import StorageEngine, StorageSettings
 from broker.topic import random_id
@@ -60,6 +61,7 @@ logger = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 GRPC_MAX_MESSAGE_BYTES = 256 * MIB  # above any max_message_size, so the policy check answers
+GRPC_GRACE_SECONDS = 1.0  # calls in progress at stop get this long to finish
 SYSTEM_NAMESPACES = ("default", "system")
 SYSTEM_TOPIC = TopicName("system", "_events_topic")
 S3_OPTION_NAMES = {"access_key": "key", "secret_key": "secret", "anonymous": "anon"}
@@ -139,6 +141,7 @@ class BrokerServer:
         self._dir_lock: DataDirLock | None = None
         self._resumed_lease: Lease | None = None
         self._grpc: grpc.aio.Server | None = None
+        self._front: SendFront | None = None
         self._engine: StorageEngine | None = None
         self._membership: ClusterMembership | None = None
         self._election: LeaseElection | None = None
@@ -165,9 +168,15 @@ class BrokerServer:
         ])
         add_services(self._grpc, self.service)
         add_schema_registry(self._grpc, self.metadata)
-        if self._grpc.add_insecure_port(cfg.listener.bind_address) == 0:
-            raise ConfigError(f"config {cfg.source}: cannot listen on {cfg.listener.bind_address} (port in use?)")
+        native = cfg.listener.grpc_front == "native"
+        grpc_address = "127.0.0.1:0" if native else cfg.listener.bind_address  # behind the front: loopback only
+        grpc_port = self._grpc.add_insecure_port(grpc_address)
+        if grpc_port == 0:
+            raise ConfigError(f"config {cfg.source}: cannot listen on {grpc_address} (port in use?)")
         await self._grpc.start()
+        if native:
+            self._front = SendFront(self.service, cfg.listener.bind_address, f"127.0.0.1:{grpc_port}",
+                                    GRPC_MAX_MESSAGE_BYTES, GRPC_GRACE_SECONDS, cfg.source)
         await asyncio.to_thread(self._join_cluster)
         logger.info("broker %d serving on %s (advertised %s), etcd %s", self.broker_id,
                     cfg.listener.bind_address, cfg.listener.broker_url, cfg.meta_store.endpoint)
@@ -251,8 +260,10 @@ class BrokerServer:
             await self.service.shutdown()
         if self._membership is not None:
             await asyncio.to_thread(self._membership.leave)
+        if self._front is not None:
+            await self._front.close()
         if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
+            await self._grpc.stop(grace=GRPC_GRACE_SECONDS)
         if self.lookups is not None:
             self.lookups.close()
         if self.metadata is not None:

@@ -1,0 +1,252 @@
+"""The client port as clients meet it: the native front (`broker.send_front`, the default) answers
+SendMessage itself and forwards every other call to the Python gRPC server; `grpc_front: python`
+serves the same calls alone. Both store exactly what was sent, durably, in order.
+
+The front's own edges (its size limit, its stop, an unreachable services server, bad arguments)
+are tested on `GrpcFront` directly, with a real gRPC client and server around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import socket
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from danube import DanubeClientBuilder, DispatchStrategy, SubType
+from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+
+from broker._grpc_front import GrpcFront
+from broker.embedded_etcd import free_port
+from danube_core.frames import iter_messages
+from tests.integration.broker_process import BrokerProcess, expect_status, running_broker
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+SEND = "/danube.ProducerService/SendMessage"
+
+
+@pytest.fixture(scope="module")
+def broker(etcd_endpoint, tmp_path_factory):
+    with running_broker(etcd_endpoint, tmp_path_factory, "send-front") as proc:
+        yield proc
+
+
+def _stored(wal_dir: str, topic: str) -> list[tuple[int, bytes]]:
+    """(offset, payload) of every message in the topic's WAL files, in file order."""
+    namespace, name = topic.strip("/").split("/")
+    found = []
+    for path in sorted(glob.glob(os.path.join(wal_dir, namespace, name, "wal*.log"))):
+        found += [(ref.offset, msg.payload) for ref, msg in iter_messages(Path(path).read_bytes(), path)]
+    return found
+
+
+async def _producer(url: str, topic: str):
+    client = await DanubeClientBuilder().service_url(url).build()
+    producer = (client.new_producer().with_topic(topic).with_name("front-producer")
+                .with_dispatch_strategy(DispatchStrategy.RELIABLE).build())
+    await producer.create()
+    return client, producer
+
+
+def _message(producer_id: int, topic: str, payload: bytes, request_id: int) -> pb.StreamMessage:
+    return pb.StreamMessage(request_id=request_id, payload=payload, publish_time=1, producer_name="front-producer",
+                            msg_id=pb.MsgID(producer_id=producer_id, topic_name=topic, broker_addr="x"))
+
+
+async def _publish_and_consume(url: str, topic: str, count: int) -> list[bytes]:
+    """`count` sends (32 in flight) and a consumer that receives them all: through the port's
+    SendMessage, and through its forwarded Subscribe and streaming ReceiveMessages."""
+    client, producer = await _producer(url, topic)
+    consumer = (client.new_consumer().with_topic(topic).with_consumer_name("front-consumer")
+                .with_subscription("front-sub").with_subscription_type(SubType.EXCLUSIVE).build())
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    slots = asyncio.Semaphore(32)
+
+    async def send(i: int) -> None:
+        async with slots:
+            await producer.send(f"m-{i}".encode(), {"i": str(i)})
+
+    await asyncio.gather(*(send(i) for i in range(count)))
+    received = []
+    while len(received) < count:
+        msg = await asyncio.wait_for(queue.get(), 30)
+        received.append(msg.payload)
+        await consumer.ack(msg)
+    return received
+
+
+def test_the_native_front_stores_every_send_in_order_and_forwards_consumers(broker, unique_name):
+    topic = f"/default/{unique_name('front')}"
+    received = asyncio.run(_publish_and_consume(broker.url, topic, 500))
+    expected = {f"m-{i}".encode() for i in range(500)}
+    assert sorted(received) == sorted(expected) and len(received) == 500
+    stored = _stored(broker.wal_dir, topic)  # acks were durable: every acknowledged send is on disk
+    assert [offset for offset, _ in stored] == list(range(500))
+    assert {payload for _, payload in stored} == expected
+
+
+def test_a_compressed_send_goes_to_the_python_server_and_is_stored_in_order(broker, unique_name):
+    topic = f"/default/{unique_name('gzip')}"
+
+    async def scenario() -> None:
+        _, producer = await _producer(broker.url, topic)
+        producer_id = producer._producers[0].producer_id
+        address = broker.url.removeprefix("http://")
+        async with grpc.aio.insecure_channel(address, compression=grpc.Compression.Gzip) as gzipped, \
+                grpc.aio.insecure_channel(address) as plain:
+            for i, channel in enumerate((plain, gzipped, plain)):
+                response = await pb_grpc.ProducerServiceStub(channel).SendMessage(
+                    _message(producer_id, topic, f"c-{i}".encode(), request_id=10 + i))
+                assert response.request_id == 10 + i
+
+    asyncio.run(scenario())
+    assert _stored(broker.wal_dir, topic) == [(0, b"c-0"), (1, b"c-1"), (2, b"c-2")]
+
+
+def test_a_send_that_is_not_a_stream_message_gets_invalid_argument(broker):
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(broker.url.removeprefix("http://")) as channel:
+            raw = channel.unary_unary(SEND, request_serializer=None, response_deserializer=None)
+            await expect_status(grpc.StatusCode.INVALID_ARGUMENT, raw(b"\xff\xff\xff"),
+                                "SendMessage of 3 bytes is not a StreamMessage")
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("front", ["native", "python"])
+def test_either_front_serves_the_client_and_stops_cleanly(etcd_endpoint, tmp_path, unique_name, front):
+    broker = BrokerProcess(etcd_endpoint, tmp_path, front, str(tmp_path / "cloud"), broker={"grpc_front": front}).start()
+    topic = f"/default/{unique_name(front + '-front')}"
+    try:
+        received = asyncio.run(_publish_and_consume(broker.url, topic, 100))
+        assert sorted(received) == sorted(f"m-{i}".encode() for i in range(100))
+        assert [offset for offset, _ in _stored(broker.wal_dir, topic)] == list(range(100))
+    finally:
+        broker.stop()
+    assert broker.process.returncode == 0, broker.log_tail()
+    assert "Traceback" not in broker.log_tail(400) and "stopped" in broker.log_tail(5), broker.log_tail()
+
+
+# ---- GrpcFront on its own ------------------------------------------------------------------
+
+
+class _Services(pb_grpc.DiscoveryServicer):
+    async def TopicLookup(self, request, context):
+        return pb.TopicLookupResponse(request_id=request.request_id, broker_url="upstream")
+
+
+async def _services_server() -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    pb_grpc.add_DiscoveryServicer_to_server(_Services(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+def _answer_sends(front: GrpcFront, stop: threading.Event, answered: list[int]) -> threading.Thread:
+    """A thread answering every SendMessage with its request id, as the broker does."""
+
+    def run() -> None:
+        while not stop.is_set():
+            batch = front.next_batch(64, 0.1)
+            if batch is None:
+                return
+            for ticket, body in batch:
+                request = pb.StreamMessage.FromString(body)
+                answered.append(request.request_id)
+                front.reply(ticket, pb.MessageResponse(request_id=request.request_id).SerializeToString())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_front_answers_sends_and_forwards_other_calls():
+    async def scenario() -> None:
+        services, services_port = await _services_server()
+        front = GrpcFront(f"127.0.0.1:{free_port()}", f"127.0.0.1:{services_port}", 1000)
+        stop, answered = threading.Event(), []
+        thread = _answer_sends(front, stop, answered)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+                sent = await pb_grpc.ProducerServiceStub(channel).SendMessage(_message(1, "/default/t", b"x", 7))
+                assert sent.request_id == 7 and answered == [7]
+                found = await pb_grpc.DiscoveryStub(channel).TopicLookup(pb.TopicLookupRequest(request_id=3))
+                assert (found.request_id, found.broker_url) == (3, "upstream")
+                await expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    pb_grpc.ProducerServiceStub(channel).SendMessage(
+                                        _message(1, "/default/t", b"x" * 2000, 8)),
+                                    "larger than the broker's limit of 1000 bytes")
+                assert answered == [7]  # the oversized send never reached Python
+        finally:
+            stop.set()
+            await asyncio.to_thread(front.close)
+            thread.join(5)
+            await services.stop(None)
+
+    asyncio.run(scenario())
+
+
+def test_an_unreachable_services_server_is_unavailable_naming_it():
+    async def scenario() -> None:
+        front = GrpcFront("127.0.0.1:0", f"127.0.0.1:{free_port()}", 1000)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+                await expect_status(grpc.StatusCode.UNAVAILABLE,
+                                    pb_grpc.DiscoveryStub(channel).TopicLookup(pb.TopicLookupRequest(request_id=1)),
+                                    "broker services unreachable")
+        finally:
+            await asyncio.to_thread(front.close)
+
+    asyncio.run(scenario())
+
+
+def test_closing_answers_queued_sends_unavailable_and_lets_taken_ones_finish():
+    """Sends Python never saw were not stored: UNAVAILABLE, so the client may retry them. A send
+    Python had taken is answered by Python during the grace, not refused under it."""
+
+    async def scenario() -> None:
+        front = GrpcFront("127.0.0.1:0", "127.0.0.1:1", 1000, grace=5.0)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+            stub = pb_grpc.ProducerServiceStub(channel)
+            taken_call = asyncio.ensure_future(stub.SendMessage(_message(1, "/default/t", b"a", 1)))
+            taken = []
+            while not taken:
+                taken = await asyncio.to_thread(front.next_batch, 1, 0.1)
+            queued_call = asyncio.ensure_future(stub.SendMessage(_message(1, "/default/t", b"b", 2)))
+            while front.queued() < 1:  # the second send waits in the front's queue
+                await asyncio.sleep(0.02)
+            closing = asyncio.ensure_future(asyncio.to_thread(front.close))
+            await expect_status(grpc.StatusCode.UNAVAILABLE, queued_call, "broker is stopping")
+            ticket, body = taken[0]
+            assert front.reply(ticket, pb.MessageResponse(request_id=1).SerializeToString())
+            assert (await taken_call).request_id == 1
+            await closing
+        assert front.next_batch(1, 0.0) is None
+        with pytest.raises(OSError):  # no longer listening
+            socket.create_connection(("127.0.0.1", front.port), timeout=1).close()
+
+    asyncio.run(scenario())
+
+
+def test_bad_arguments_name_what_was_expected():
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        GrpcFront("127.0.0.1:0", "127.0.0.1:1", 1000, threads=0)
+    with pytest.raises(ValueError, match="grace -1: expected seconds >= 0"):
+        GrpcFront("127.0.0.1:0", "127.0.0.1:1", 1000, grace=-1.0)
+    front = GrpcFront("127.0.0.1:0", "127.0.0.1:1", 1000)
+    try:
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{front.port}"):
+            GrpcFront(f"127.0.0.1:{front.port}", "127.0.0.1:1", 1000)
+        with pytest.raises(ValueError, match="gRPC status 0: expected an error code 1..16"):
+            front.fail(1, 0, "ok is not a failure")
+        assert front.fail(12345, 13, "nobody waits for this ticket") is False
+    finally:
+        front.close()
