@@ -2,7 +2,7 @@
 `connector` extra into a fresh venv (no system site-packages) where pyspark is already there.
 
 * the wheel holds `pyspark_danube` (format("danube") is discovered without a register call),
-  the compiled frame decoder, the example configs and the console scripts;
+  the compiled frame decoder, the broker's native front, the example configs and the console scripts;
 * installing it leaves the venv's pyspark as it was (same version, same files): `connector`
   does not require pyspark, as on Databricks, where the runtime's pyspark must stay;
 * the venv's Spark reads a topic (etcd + local storage, objects and WAL tail) with it.
@@ -101,6 +101,7 @@ def test_wheel_holds_the_data_source_decoder_configs_and_scripts(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "pyspark_danube/__init__.py" in names
     assert any(n.startswith("danube_core/_fastdecode") and n.endswith(".so") for n in names)
+    assert "broker/_grpc_front.abi3.so" in names  # the broker's native front (Rust)
     for config in ("conf/broker.yaml", "conf/speedlayer.yaml", "conf/pipelines/orders.yaml"):
         assert any(n.endswith(f".data/data/share/danube-spark/{config}") for n in names), config
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
