@@ -92,6 +92,25 @@ def test_the_native_front_stores_every_send_in_order_and_forwards_consumers(brok
     assert {payload for _, payload in stored} == expected
 
 
+def test_a_large_message_is_stored_and_delivered_through_the_front(broker, unique_name):
+    topic = f"/default/{unique_name('large')}"
+    payload = bytes(range(256)) * (3 * 1024 * 1024 // 256)  # 3 MiB: many HTTP/2 frames each way
+
+    async def scenario() -> bytes:
+        client, producer = await _producer(broker.url, topic)
+        consumer = (client.new_consumer().with_topic(topic).with_consumer_name("large-consumer")
+                    .with_subscription("large-sub").with_subscription_type(SubType.EXCLUSIVE).build())
+        await consumer.subscribe()
+        queue = await consumer.receive()
+        await producer.send(payload, None)
+        msg = await asyncio.wait_for(queue.get(), 30)
+        await consumer.ack(msg)
+        return msg.payload
+
+    assert asyncio.run(scenario()) == payload
+    assert _stored(broker.wal_dir, topic) == [(0, payload)]
+
+
 def test_a_compressed_send_goes_to_the_python_server_and_is_stored_in_order(broker, unique_name):
     topic = f"/default/{unique_name('gzip')}"
 

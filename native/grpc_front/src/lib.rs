@@ -275,7 +275,12 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
         let mut stop = stop.clone();
         connections.spawn(async move {
             let service = service_fn(move |request| route(shared.clone(), request));
+            // As Python's gRPC server: no limit on a connection's concurrent calls (a client's
+            // long ReceiveMessages streams must not hold back its sends), and flow-control
+            // windows that grow with the traffic, for large messages.
             let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .max_concurrent_streams(None)
+                .adaptive_window(true)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             tokio::select! {
@@ -326,7 +331,7 @@ impl GrpcFront {
             .enable_all()
             .build()
             .map_err(|error| PyOSError::new_err(format!("cannot start the gRPC front's runtime: {error}")))?;
-        let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
+        let client = Client::builder(TokioExecutor::new()).http2_only(true).http2_adaptive_window(true).build_http();
         let shared = Arc::new(Shared {
             inbox: Inbox::new(),
             upstream: upstream.to_string(),
