@@ -59,7 +59,7 @@ def summarize(decoded: DataFrame, topics: Collection[str] | None = None,
     `topics`) fall back to the group-by. `expressions`: the query's cache of the metrics' columns
     (`pipelines.expressions`)."""
     if topics:
-        observation, metrics = _summary_metrics(topics, ExpressionCache() if expressions is None else expressions)
+        observation, metrics = _summary_metrics(topics, ExpressionCache.given(expressions))
         decoded.observe(observation, *metrics).write.format("noop").mode("overwrite").save()
         observed = _observed_summary(observation.get, topics)
         if observed is not None:
@@ -80,7 +80,7 @@ def summarize_and_collect(decoded: DataFrame, topics: Collection[str], columns: 
     For a small batch validated on great-expectations' pandas engine: the summary is observed
     while the same pass collects what the suite reads, so the batch is read once and collected
     once (the group-by fallback of `summarize` applies, in a second job)."""
-    cache = ExpressionCache() if expressions is None else expressions
+    cache = ExpressionCache.given(expressions)
     observation, metrics = _summary_metrics(topics, cache)
     decodable = decoded.observe(observation, *metrics).filter(cache.get("decodable", decodable_rows))
     collected = decodable.select(*cache.get(("columns", *columns), lambda: [F.col(c) for c in columns])).toArrow()

@@ -360,7 +360,7 @@ def cursor_ends(spans: Mapping[str, OffsetSpan], planned: Mapping[str, PlannedRa
 
 def target_rows(marked: DataFrame, expressions: ExpressionCache | None = None) -> DataFrame:
     """Rows that decoded and passed every expectation, without the raw payload."""
-    cache = ExpressionCache() if expressions is None else expressions
+    cache = ExpressionCache.given(expressions)
     valid = marked.filter(cache.get("valid", lambda: F.col(DECODE_ERROR).isNull() & (F.size(F.col(FAILED)) == 0)))
     if "_rescued_data" not in valid.columns:  # raw format: the payload is the data
         return valid.drop(DECODE_ERROR, FAILED)
@@ -370,7 +370,7 @@ def target_rows(marked: DataFrame, expressions: ExpressionCache | None = None) -
 def quarantine_rows(marked: DataFrame, pipeline: str, batch_id: int,
                     expressions: ExpressionCache | None = None) -> DataFrame:
     """Failing rows with their raw payload and why they failed (a fixed schema for every format)."""
-    cache = ExpressionCache() if expressions is None else expressions
+    cache = ExpressionCache.given(expressions)
     failing = marked.filter(cache.get("failing", lambda: F.col(DECODE_ERROR).isNotNull() | (F.size(F.col(FAILED)) > 0)))
     kept = cache.get(("quarantined", pipeline), lambda: [
         *[F.col(c) for c in META_COLUMNS], F.col(PAYLOAD), F.col(DECODE_ERROR), F.col(FAILED),

@@ -287,7 +287,7 @@ def mark_failures(spark: SparkSession, rows: DataFrame, quality: BatchQuality,
     A few failing rows (at most `LITERAL_FAILURES`) are looked up in a literal map in the rows'
     own projection; more are joined from a broadcast frame. The join costs each write of the
     batch (target and quarantine) a Spark job to broadcast it."""
-    cache = ExpressionCache() if expressions is None else expressions
+    cache = ExpressionCache.given(expressions)
     empty = cache.get("no failures", no_failures)
     if not quality.failed_rows:
         return rows.withColumn(FAILED, empty)

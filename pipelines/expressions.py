@@ -22,6 +22,12 @@ class ExpressionCache:
     def __init__(self) -> None:
         self._built: dict[Hashable, object] = {}
 
+    @classmethod
+    def given(cls, cache: "ExpressionCache | None") -> "ExpressionCache":
+        """`cache`, or a new one for a caller that has none (tests, one-off use). Tested for
+        None, not truth: an empty cache is still the query's cache."""
+        return cls() if cache is None else cache
+
     def get(self, key: Hashable, build: Callable[[], T]) -> T:
         if key not in self._built:
             self._built[key] = build()

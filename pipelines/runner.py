@@ -205,15 +205,17 @@ class PipelineRunner:
         subscription lock (`release_after_stop`) and close etcd."""
         if self.query is not None and self.query.isActive:
             self.query.stop()
+        if self._closed:
+            return
+        self._closed = True
         lock = self._writer.lock if self._writer is not None else None
-        if lock is not None and not self._closed:
-            try:
+        try:
+            if lock is not None:
                 release_after_stop(self.metadata, lock)
-            except DanubeError as exc:  # the lease then expires on its own
-                logger.warning("pipeline %s: could not release subscription lock %s: %s", self.config.name,
-                               lock.key, exc)
-        if not self._closed:
-            self._closed = True
+        except DanubeError as exc:  # the lease then expires on its own
+            logger.warning("pipeline %s: could not release subscription lock %s: %s", self.config.name,
+                           lock.key, exc)
+        finally:
             self.metadata.close()
 
 
