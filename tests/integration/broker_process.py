@@ -171,3 +171,15 @@ async def expect_status(code: grpc.StatusCode, call: Any, *words: str) -> str:
     for word in words:
         assert word in info.value.details()
     return info.value.details()
+
+
+async def reliable_producer(url: str, topic: str, name: str, options: Any = None) -> tuple[Any, Any]:
+    """(client, created producer) of danube-client: a Reliable producer `name` on `topic`, with
+    `options` (a `ProducerOptions`: retries, backoff) if given."""
+    from danube import DanubeClientBuilder, DispatchStrategy
+
+    client = await DanubeClientBuilder().service_url(url).build()
+    builder = client.new_producer().with_topic(topic).with_name(name).with_dispatch_strategy(DispatchStrategy.RELIABLE)
+    producer = (builder if options is None else builder.with_options(options)).build()
+    await producer.create()
+    return client, producer

@@ -7,14 +7,14 @@ import asyncio
 
 import grpc
 import pytest
-from danube import DanubeClientBuilder, DispatchStrategy, SubType
+from danube import SubType
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from danube_core.keys import namespace_policy_key
 from danube_core.metadata import EtcdMetadataStore
 from danube_core.records import Policies
-from tests.integration.broker_process import expect_status, running_broker
+from tests.integration.broker_process import expect_status, reliable_producer, running_broker
 
 pytestmark = pytest.mark.integration
 
@@ -32,14 +32,6 @@ def _small_namespace(etcd_endpoint: str, namespace: str) -> None:
         store.put(namespace_policy_key(namespace), Policies(max_message_size=MAX_MESSAGE_SIZE).to_json())
 
 
-async def _producer(url: str, topic: str):
-    client = await DanubeClientBuilder().service_url(url).build()
-    producer = (client.new_producer().with_topic(topic).with_name("bad-input-producer")
-                .with_dispatch_strategy(DispatchStrategy.RELIABLE).build())
-    await producer.create()
-    return client, producer
-
-
 def _message(producer_id: int, topic: str, payload: bytes, request_id: int = 1) -> pb.StreamMessage:
     return pb.StreamMessage(request_id=request_id, payload=payload, publish_time=1, producer_name="bad-input-producer",
                             msg_id=pb.MsgID(producer_id=producer_id, topic_name=topic, broker_addr="x"))
@@ -51,7 +43,7 @@ def test_bad_requests_get_clear_statuses_and_store_nothing(broker, etcd_endpoint
     topic = f"/{namespace}/{unique_name('orders')}"
 
     async def scenario() -> None:
-        client, producer = await _producer(broker.url, topic)
+        client, producer = await reliable_producer(broker.url, topic, "bad-input-producer")
         producer_id = producer._producers[0].producer_id
         async with grpc.aio.insecure_channel(broker.url.removeprefix("http://")) as channel:
             producers = pb_grpc.ProducerServiceStub(channel)

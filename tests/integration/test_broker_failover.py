@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
-from danube import DanubeClientBuilder, DispatchStrategy, ProducerOptions, SubType
+from danube import DanubeClientBuilder, ProducerOptions, SubType
 
 from danube_core.frames import iter_messages
 from danube_core.keys import LEADER_KEY, cursor_key
 from danube_core.metadata import EtcdMetadataStore
 from danube_core.records import parse_cursor, parse_u64
 from danube_core.topics import TopicName
-from tests.integration.broker_process import BrokerProcess, run_admin
+from tests.integration.broker_process import BrokerProcess, reliable_producer, run_admin
 from tests.rig import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -57,10 +57,7 @@ def _cursor(etcd_endpoint: str, topic: str, subscription: str) -> int | None:
 
 async def _produce(url: str, topic: str, start: int, count: int) -> None:
     """Send f-<start>.. one by one; each send returns once the broker acknowledged it."""
-    client = await DanubeClientBuilder().service_url(url).build()
-    producer = (client.new_producer().with_topic(topic).with_name(f"p-{start}")
-                .with_dispatch_strategy(DispatchStrategy.RELIABLE).build())
-    await producer.create()
+    _, producer = await reliable_producer(url, topic, f"p-{start}")
     for i in range(start, start + count):
         await producer.send(f"f-{i}".encode())
     await producer.close()
@@ -161,11 +158,8 @@ def test_kill_9_while_producing_then_restart_keeps_every_acked_message(etcd_endp
     sent, acked, received = [], [], {}
 
     async def scenario() -> None:
-        client = await DanubeClientBuilder().service_url(procs[0].url).build()
-        producer = (client.new_producer().with_topic(topic).with_name("crash-producer")
-                    .with_dispatch_strategy(DispatchStrategy.RELIABLE)
-                    .with_options(ProducerOptions(max_retries=3, base_backoff_ms=100)).build())
-        await producer.create()
+        client, producer = await reliable_producer(procs[0].url, topic, "crash-producer",
+                                                   ProducerOptions(max_retries=3, base_backoff_ms=100))
         consumer, queue = await _exclusive_consumer(client, topic)
         stop = asyncio.Event()
         producing = asyncio.create_task(_produce_until(producer, sent, acked, stop))
@@ -215,11 +209,8 @@ def test_kill_9_with_64_sends_in_flight_every_acked_message_is_in_the_wal_files(
     in_flight_at_kill = []
 
     async def scenario() -> None:
-        client = await DanubeClientBuilder().service_url(proc.url).build()
-        producer = (client.new_producer().with_topic(topic).with_name("inflight-producer")
-                    .with_dispatch_strategy(DispatchStrategy.RELIABLE)
-                    .with_options(ProducerOptions(max_retries=1, base_backoff_ms=10)).build())
-        await producer.create()
+        client, producer = await reliable_producer(proc.url, topic, "inflight-producer",
+                                                   ProducerOptions(max_retries=1, base_backoff_ms=10))
         slots = asyncio.Semaphore(64)
         pending: set[asyncio.Task] = set()
 
@@ -328,11 +319,8 @@ def test_restart_on_its_own_data_takes_its_topics_back_before_the_lease_expires(
 
     async def send(url: str, payloads: list[bytes]) -> float:
         """When (monotonic) the first send was acknowledged; every payload is acknowledged."""
-        client = await DanubeClientBuilder().service_url(url).build()
-        producer = (client.new_producer().with_topic(topic).with_name(f"p-{len(owners_seen)}")
-                    .with_dispatch_strategy(DispatchStrategy.RELIABLE)
-                    .with_options(ProducerOptions(max_retries=20, base_backoff_ms=100)).build())
-        await producer.create()
+        client, producer = await reliable_producer(url, topic, f"p-{len(owners_seen)}",
+                                                   ProducerOptions(max_retries=20, base_backoff_ms=100))
         first_ack = None
         for payload in payloads:
             await producer.send(payload, None)

@@ -12,14 +12,14 @@ import json
 import os
 
 import pytest
-from danube import DanubeClientBuilder, DispatchStrategy, ProducerOptions, SubType
+from danube import ProducerOptions, SubType
 from fsspec.implementations.local import LocalFileSystem
 
 from broker.uploader import ReadOnlyWal
 from broker.wal_files import read_segments
 from danube_core.checkpoints import UploaderCheckpoint, WalCheckpoint, read_checkpoint
 from danube_core.records import BrokerRegistration
-from tests.integration.broker_process import BrokerProcess, run_admin
+from tests.integration.broker_process import BrokerProcess, reliable_producer, run_admin
 from tests.rig import eventually
 from tests.unit.test_load_report import assert_shape_of_a_golden_load
 
@@ -71,11 +71,8 @@ def test_seed_003_reliable_topic_moves_between_brokers(etcd_endpoint, metadata, 
         broker_b = BrokerProcess(etcd_endpoint, tmp_path, "broker-b", cloud).start()
 
         async def scenario() -> list:
-            client = await DanubeClientBuilder().service_url(broker_a.url).build()
-            producer = (client.new_producer().with_topic(topic).with_name("prod_reliable")
-                        .with_dispatch_strategy(DispatchStrategy.RELIABLE)
-                        .with_options(ProducerOptions(max_retries=3, base_backoff_ms=100)).build())
-            await producer.create()
+            client, producer = await reliable_producer(broker_a.url, topic, "prod_reliable",
+                                                       ProducerOptions(max_retries=3, base_backoff_ms=100))
             consumer = (client.new_consumer().with_topic(topic).with_consumer_name("cons_reliable")
                         .with_subscription("subs_reliable").with_subscription_type(SubType.EXCLUSIVE).build())
             await consumer.subscribe()

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from danube import DanubeClientBuilder, DispatchStrategy, SubType
+from danube import SubType
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from broker._grpc_front import GrpcFront
 from broker.embedded_etcd import free_port
 from danube_core.frames import iter_messages
-from tests.integration.broker_process import BrokerProcess, expect_status, running_broker
+from tests.integration.broker_process import BrokerProcess, expect_status, reliable_producer, running_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -46,14 +46,6 @@ def _stored(wal_dir: str, topic: str) -> list[tuple[int, bytes]]:
     return found
 
 
-async def _producer(url: str, topic: str):
-    client = await DanubeClientBuilder().service_url(url).build()
-    producer = (client.new_producer().with_topic(topic).with_name("front-producer")
-                .with_dispatch_strategy(DispatchStrategy.RELIABLE).build())
-    await producer.create()
-    return client, producer
-
-
 def _message(producer_id: int, topic: str, payload: bytes, request_id: int) -> pb.StreamMessage:
     return pb.StreamMessage(request_id=request_id, payload=payload, publish_time=1, producer_name="front-producer",
                             msg_id=pb.MsgID(producer_id=producer_id, topic_name=topic, broker_addr="x"))
@@ -62,7 +54,7 @@ def _message(producer_id: int, topic: str, payload: bytes, request_id: int) -> p
 async def _publish_and_consume(url: str, topic: str, count: int) -> list[bytes]:
     """`count` sends (32 in flight) and a consumer that receives them all: through the port's
     SendMessage, and through its forwarded Subscribe and streaming ReceiveMessages."""
-    client, producer = await _producer(url, topic)
+    client, producer = await reliable_producer(url, topic, "front-producer")
     consumer = (client.new_consumer().with_topic(topic).with_consumer_name("front-consumer")
                 .with_subscription("front-sub").with_subscription_type(SubType.EXCLUSIVE).build())
     await consumer.subscribe()
@@ -97,7 +89,7 @@ def test_a_large_message_is_stored_and_delivered_through_the_front(broker, uniqu
     payload = bytes(range(256)) * (3 * 1024 * 1024 // 256)  # 3 MiB: many HTTP/2 frames each way
 
     async def scenario() -> bytes:
-        client, producer = await _producer(broker.url, topic)
+        client, producer = await reliable_producer(broker.url, topic, "front-producer")
         consumer = (client.new_consumer().with_topic(topic).with_consumer_name("large-consumer")
                     .with_subscription("large-sub").with_subscription_type(SubType.EXCLUSIVE).build())
         await consumer.subscribe()
@@ -115,7 +107,7 @@ def test_a_compressed_send_goes_to_the_python_server_and_is_stored_in_order(brok
     topic = f"/default/{unique_name('gzip')}"
 
     async def scenario() -> None:
-        _, producer = await _producer(broker.url, topic)
+        _, producer = await reliable_producer(broker.url, topic, "front-producer")
         producer_id = producer._producers[0].producer_id
         address = broker.url.removeprefix("http://")
         async with grpc.aio.insecure_channel(address, compression=grpc.Compression.Gzip) as gzipped, \
