@@ -12,6 +12,8 @@ import asyncio
 import glob
 import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -24,7 +26,13 @@ from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 from broker._grpc_front import GrpcFront
 from broker.embedded_etcd import free_port
 from danube_core.frames import iter_messages
-from tests.integration.broker_process import BrokerProcess, expect_status, reliable_producer, running_broker
+from tests.integration.broker_process import (
+    REPO_ROOT,
+    BrokerProcess,
+    expect_status,
+    reliable_producer,
+    running_broker,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -261,3 +269,16 @@ def test_bad_arguments_name_what_was_expected():
         assert front.fail(12345, 13, "nobody waits for this ticket") is False
     finally:
         front.close()
+
+
+def test_a_taken_client_port_stops_the_broker_with_a_message_naming_it(etcd_endpoint, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        broker = BrokerProcess(etcd_endpoint, tmp_path, "taken", str(tmp_path / "cloud"), port=port)
+        done = subprocess.run([sys.executable, "-m", "broker", "--config", str(broker.config_path)],
+                              cwd=broker.workdir, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and str(broker.config_path) in done.stderr
