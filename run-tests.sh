@@ -6,4 +6,5 @@ set -euo pipefail
 # source lookup (pkgutil.iter_modules) finds `pyspark_danube` and format("danube") needs no call.
 cd "$(dirname "$0")"
 python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -c constraints.txt -e ".[all,test]"
-exec python3 -m pytest -q "$@" tests
+# --durations: the slowest tests are listed at the end, to keep the suite well inside CI's time.
+exec python3 -m pytest -q --durations=20 "$@" tests
