@@ -15,9 +15,9 @@ one loop wake-up per batch rather than per call.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 
+import grpc
 from danube.proto import DanubeApi_pb2 as pb
 from google.protobuf.message import DecodeError
 
@@ -26,8 +26,6 @@ from danube_core.errors import ConfigError
 from broker.client_errors import InvalidRequestError
 from broker.grpc_services import grpc_status, send_message
 from broker.service import BrokerService
-
-logger = logging.getLogger(__name__)
 
 # Requests handed to the event loop at once: 64 sends in flight from each of several
 # producers fit in one batch, and a batch stays short enough not to hold the loop for long.
@@ -58,10 +56,6 @@ class SendFront:
         self._thread = threading.Thread(target=self._take_batches, name="send-front", daemon=True)
         self._thread.start()
 
-    @property
-    def port(self) -> int:
-        return self._front.port
-
     def _take_batches(self) -> None:
         while True:
             batch = self._front.next_batch(BATCH_MAX, POLL_SECONDS)
@@ -72,7 +66,7 @@ class SendFront:
                     self._loop.call_soon_threadsafe(self._dispatch, batch)
                 except RuntimeError:  # the loop closed under a broker that stopped without close()
                     for ticket, _ in batch:
-                        self._front.fail(ticket, 14, "broker is stopping")
+                        self._front.fail(ticket, grpc.StatusCode.UNAVAILABLE.value[0], "broker is stopping")
                     return
 
     def _dispatch(self, batch: list[tuple[int, bytes]]) -> None:

@@ -264,6 +264,8 @@ def test_bad_arguments_name_what_was_expected():
     try:
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{front.port}"):
             GrpcFront(f"127.0.0.1:{front.port}", "127.0.0.1:1", 1000)
+        with pytest.raises(ValueError, match="timeout inf: expected seconds >= 0"):
+            front.next_batch(1, float("inf"))
         with pytest.raises(ValueError, match="gRPC status 0: expected an error code 1..16"):
             front.fail(1, 0, "ok is not a failure")
         assert front.fail(12345, 13, "nobody waits for this ticket") is False

@@ -37,6 +37,8 @@ const GRPC_UNAVAILABLE: u16 = 14;
 const GRPC_RESOURCE_EXHAUSTED: u16 = 8;
 
 type Body = BoxBody<Bytes, hyper::Error>;
+/// What `next_batch` hands Python: (ticket, serialized StreamMessage) pairs.
+type Batch<'py> = Vec<(u64, Bound<'py, PyBytes>)>;
 
 /// What Python answered for one queued request.
 enum Reply {
@@ -355,8 +357,11 @@ impl GrpcFront {
 
     /// Up to `max` SendMessage requests as (ticket, serialized StreamMessage), waiting up to
     /// `timeout` seconds for the first (an empty list if none came); None once closed.
-    fn next_batch<'py>(&self, py: Python<'py>, max: usize, timeout: f64) -> PyResult<Option<Vec<(u64, Bound<'py, PyBytes>)>>> {
-        let wait = Duration::from_secs_f64(timeout.max(0.0));
+    fn next_batch<'py>(&self, py: Python<'py>, max: usize, timeout: f64) -> PyResult<Option<Batch<'py>>> {
+        if !(timeout.is_finite() && timeout >= 0.0) {
+            return Err(PyValueError::new_err(format!("timeout {timeout}: expected seconds >= 0")));
+        }
+        let wait = Duration::from_secs_f64(timeout);
         let taken = py.allow_threads(|| self.shared.inbox.take(max.max(1), wait));
         Ok(taken.map(|batch| batch.into_iter().map(|(ticket, body)| (ticket, PyBytes::new(py, &body))).collect()))
     }
