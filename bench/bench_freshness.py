@@ -9,11 +9,17 @@ the offsets it holds. A row's freshness = the time its commit appeared - its `pu
 without the great-expectations suite: the overhead of the expectations step is the ratio of the
 mean micro-batch time with / without it. Baseline, same run and same publishing load: Spark's
 own `rate` source written to Delta with the same trigger, the floor Spark and Delta set on this
-machine (`p50_ratio_vs_spark_rate`). An untimed pipeline phase runs first (`--jit-warmup`), so
-the JVM's compilation and Python's first imports do not fall on the first timed phase alone
-(the baseline, which runs last, would otherwise be the only phase measured warm).
+machine (`p50_ratio_vs_spark_rate`). An untimed pipeline phase of 120 s runs first
+(`--jit-warmup`): the JVM's JIT compilers keep compiling Spark's and Delta's code for minutes
+after the session starts (measured here: 5-7 CPU s per 10 s between 20 and 90 s, 3-4 at 2 min,
+under 3 at 3 min; the loaded classes stop growing after a minute, so it is warm-up, not code
+generated per batch). With a 10 s warm-up the phases were measured on a JVM at different
+stages of that, in their fixed order: the first timed phase (with great-expectations) ran
+beside 0.5-0.7 of a core of compilation on two cores, the baseline (last) beside a third of
+that.
 
-    python bench/bench_freshness.py [--rate 1000] [--seconds 60] [--warmup 15] [--jit-warmup 10] [--no-profile]
+    python bench/bench_freshness.py [--rate 1000] [--seconds 60] [--warmup 15] [--jit-warmup 120] [--no-profile]
+        [--conf KEY=VALUE ...] [--out FILE]
 
 After the timed phases, the with-great-expectations phase runs once more under py-spy
 (`bench/pyspy_profile.py`, extra `bench`) on the driver's own Python process, where
@@ -309,6 +315,8 @@ def summarize(spark, reports: list, watcher: CommitWatcher, topic: str, target: 
         "p99_s": round(latencies[int(0.99 * (len(latencies) - 1))], 3) if latencies else None,
         "mean_batch_s": round(statistics.mean(r.duration_s for r in reports), 3) if reports else None,
         "slowest_batches_s": _slowest([r.duration_s for r in reports]),
+        "slowest_batch_steps": [{"rows": r.rows, **{step: round(t, 3) for step, t in r.timings_s.items()}}
+                                for r in sorted(reports, key=lambda r: -r.duration_s)[:5]],
         "mean_expectations_s": round(statistics.mean(r.timings_s.get("expectations", 0.0) for r in reports), 3)
         if reports else None,
         "mean_step_s": {step: round(statistics.mean(r.timings_s.get(step, 0.0) for r in reports), 3)
@@ -335,6 +343,17 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a and b else None
 
 
+def _settings(parser: argparse.ArgumentParser, pairs: list[str]) -> dict[str, str]:
+    """`--conf KEY=VALUE` arguments as a dict; a pair without `=` is refused naming it."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            parser.error(f"--conf {pair!r}: expected KEY=VALUE")
+        settings[key] = value
+    return settings
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=1000, help="messages per second")
@@ -343,15 +362,20 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="measured publishing time per phase")
     parser.add_argument("--warmup", type=float, default=15.0, help="publishing seconds before measuring")
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy run of the driver")
-    parser.add_argument("--jit-warmup", type=float, default=10.0,
+    parser.add_argument("--jit-warmup", type=float, default=120.0,
                         help="seconds of an untimed pipeline phase first (0: none), so that the first timed "
                              "phase does not alone pay the JVM's and Python's warm-up")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session every phase runs in (repeatable)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "freshness.json",
+                        help="where to write the JSON report")
     args = parser.parse_args()
+    spark_conf = {"spark.ui.enabled": "false", **_settings(parser, args.conf)}
     profile = None
     root = Path(tempfile.mkdtemp(prefix="bench-freshness-"))
     results = []
     with EmbeddedStack(root / "stack") as stack:
-        spark = build_session("bench-freshness", conf={"spark.ui.enabled": "false"})
+        spark = build_session("bench-freshness", conf=spark_conf)
         try:
             if args.jit_warmup > 0:  # untimed: the phases below all start from a warmed-up JVM
                 run_phase(spark, stack, root, "jit-warmup", RULES, args.rate, args.jit_warmup, 0.0)
@@ -369,7 +393,9 @@ def main() -> int:
     with_ge, without_ge, baseline = results
     ratio = (with_ge["mean_batch_s"] / without_ge["mean_batch_s"]
              if with_ge["mean_batch_s"] and without_ge["mean_batch_s"] else None)
-    report = {"rate_target_msgs_s": args.rate, "trigger": "processingTime 500 ms", "phases": results,
+    report = {"rate_target_msgs_s": args.rate, "trigger": "processingTime 500 ms", "spark_conf": spark_conf,
+              "jit_warmup_s": args.jit_warmup,
+              "phases": results,
               "ge_overhead_ratio": None if ratio is None else round(ratio, 2),
               "p50_ratio_vs_spark_rate": _ratio(without_ge["p50_s"], baseline["p50_s"]),
               "p99_ratio_vs_spark_rate": _ratio(without_ge["p99_s"], baseline["p99_s"]),
@@ -377,7 +403,7 @@ def main() -> int:
               "with_ge_p99_ratio_vs_spark_rate": _ratio(with_ge["p99_s"], baseline["p99_s"]),
               "driver_profile": profile,
               "goal": {"p50_s": 2.0, "p99_s": 5.0}}
-    out = REPO / "bench" / "results" / "freshness.json"
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"{'phase':<12} {'rate/s':>8} {'rows':>7} {'batches':>8} {'p50 s':>7} {'p99 s':>7} "
