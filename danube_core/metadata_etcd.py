@@ -7,7 +7,6 @@ through `danube_core.retry`; idempotent requests fail over to the next endpoint.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from typing import Any, Callable, TypeVar
@@ -19,23 +18,16 @@ import grpc
 # with the same API, so this is the client used.
 import pyetcd
 from pyetcd import etcdrpc
-from pyetcd.events import PutEvent
-from pyetcd.exceptions import (
-    ConnectionFailedError,
-    ConnectionTimeoutError,
-    NoServerAvailableError,
-    RevisionCompactedError,
-    WatchTimedOut,
-)
 from pyetcd.utils import prefix_range_end
-from pyetcd.watch import WatchResponse
 
 from danube_core.errors import (
     ConfigError, DanubeError, MetadataCompactedError, MetadataError, MetadataUnavailableError,
 )
+from danube_core.etcd_errors import CLIENT_ERRORS, compacted_revision, describe, grpc_code, is_unavailable
+from danube_core.etcd_watch import EtcdWatch
 from danube_core.metadata import (
     EventDispatcher, KeyValues, Lease, LostCallback, MetadataStore, RangeRead, WatchCallback,
-    WatchEvent, WatchHandle, check_limit, check_prefix, check_ttl, check_value,
+    WatchHandle, check_limit, check_prefix, check_ttl, check_value,
 )
 from danube_core.retry import RetryPolicy, call_with_retry
 
@@ -45,8 +37,6 @@ T = TypeVar("T")
 
 # --- etcd -------------------------------------------------------------------------------------
 
-_UNAVAILABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-_CLIENT_ERRORS = (grpc.RpcError, pyetcd.Etcd3Exception)
 # gRPC channel options. Reconnect backoff is capped at 1 s (gRPC's default grows to 120 s, so a
 # restarted etcd would stay "unavailable" long after it is back) and each channel keeps its own
 # subchannels (the shared pool would hand a new client a peer's backoff state). Keepalive pings
@@ -60,30 +50,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
 ]
 _ENDPOINT_FORMS = "host:port, http://host:port or https://host:port (comma-separated for several)"
-
-
-def _grpc_error(exc: BaseException | None) -> grpc.RpcError | None:
-    """The gRPC error behind `exc`: pyetcd re-raises it as its own class inside `except`."""
-    while exc is not None and not isinstance(exc, grpc.RpcError):
-        exc = exc.__context__
-    return exc
-
-
-def _grpc_code(exc: BaseException | None) -> grpc.StatusCode | None:
-    rpc = _grpc_error(exc)
-    return rpc.code() if rpc is not None and hasattr(rpc, "code") else None
-
-
-def _is_unavailable(exc: BaseException) -> bool:
-    unreachable = (ConnectionFailedError, ConnectionTimeoutError, NoServerAvailableError, WatchTimedOut)
-    return isinstance(exc, unreachable) or _grpc_code(exc) in _UNAVAILABLE_CODES
-
-
-def _describe(exc: object) -> str:
-    rpc = _grpc_error(exc) if isinstance(exc, BaseException) else None
-    if rpc is not None and hasattr(rpc, "details"):
-        return f"{rpc.code().name}: {rpc.details()}"
-    return f"{type(exc).__name__}: {exc}"
 
 
 def _key(key: str) -> str:
@@ -146,15 +112,6 @@ def _paged_range(client: Any, start: bytes, end: bytes, limit: int | None,
     return RangeRead(found, revision)
 
 
-def _compacted_revision(exc: BaseException) -> int | None:
-    """The oldest available revision if `exc` is etcd's "required revision has been compacted"."""
-    if isinstance(exc, RevisionCompactedError):
-        return exc.compacted_revision
-    rpc = _grpc_error(exc)
-    details = rpc.details() if rpc is not None and hasattr(rpc, "details") else ""
-    return 0 if "compacted" in (details or "") else None
-
-
 class _EtcdLease(Lease):
     def __init__(self, store: "EtcdMetadataStore", lease_id: int, ttl_s: int) -> None:
         super().__init__(lease_id, ttl_s)
@@ -171,150 +128,10 @@ class _EtcdLease(Lease):
             try:
                 client.revoke_lease(self.id)
             except grpc.RpcError as exc:
-                if _grpc_code(exc) != grpc.StatusCode.NOT_FOUND:
+                if grpc_code(exc) != grpc.StatusCode.NOT_FOUND:
                     raise
 
         self._store._call("lease revoke", f"lease {self.id:x}", revoke)
-
-
-class _EtcdWatch:
-    """A prefix watch that survives losing its stream (etcd restart, failover).
-
-    It remembers the revision after the last event it passed on and resubscribes from there on
-    the current endpoint, so events are neither lost nor repeated. Only if etcd has compacted
-    those revisions are events lost; that is logged as an error. With `on_lost` it does neither:
-    it stops and reports the loss to its owner, who re-reads.
-    """
-
-    def __init__(self, store: "EtcdMetadataStore", handle: WatchHandle,
-                 on_lost: LostCallback | None = None) -> None:
-        self._store = store
-        self._handle = handle
-        self._prefix = handle.prefix
-        self._on_lost = on_lost
-        self._lock = threading.Lock()
-        self._generation = 0  # bumped per (re)subscription; stale streams' callbacks are ignored
-        self._next_revision = 0
-        self._subscription: tuple[Any, int] | None = None  # (client, watch id)
-
-    def start(self, start_revision: int | None = None) -> None:
-        if start_revision is None:
-            start_revision = self._store.current_revision() + 1
-        self._next_revision = start_revision
-        self._subscribe()
-
-    def _subscribe(self) -> None:
-        with self._lock:
-            self._generation += 1
-            callback = functools.partial(self._on_response, self._generation)
-
-        def create(client: Any) -> tuple[Any, int]:
-            def add() -> int:
-                return client.add_watch_prefix_callback(
-                    self._prefix, callback, start_revision=self._next_revision
-                )
-
-            try:
-                return client, add()
-            except RevisionCompactedError as exc:
-                if self._on_lost is not None:
-                    raise MetadataCompactedError(
-                        f"watch on {self._prefix!r} from revision {self._next_revision}: compacted "
-                        f"(oldest available {exc.compacted_revision})", exc.compacted_revision) from exc
-                self._skip_compacted(exc.compacted_revision)
-                return client, add()
-
-        subscription = self._store._call("watch", _key(self._prefix), create)
-        with self._lock:
-            if self._handle.cancelled or callback.args[0] != self._generation:
-                stale = subscription
-            else:
-                self._subscription, stale = subscription, None
-        if stale is not None:
-            _cancel_quietly(*stale)
-
-    def _skip_compacted(self, compacted_revision: int) -> None:
-        logger.error(
-            "watch on %r lost events: revisions %d..%d were compacted by etcd",
-            self._prefix, self._next_revision, compacted_revision - 1,
-        )
-        self._next_revision = compacted_revision
-
-    def _on_response(self, generation: int, response: object) -> None:
-        if self._handle.cancelled or generation != self._generation:
-            return
-        if isinstance(response, WatchResponse):
-            events = []
-            for raw in response.events:
-                self._next_revision = raw.mod_revision + 1
-                if isinstance(raw, PutEvent):
-                    events.append(WatchEvent("put", raw.key.decode(), raw.value, raw.mod_revision))
-                else:
-                    events.append(WatchEvent("delete", raw.key.decode(), None, raw.mod_revision))
-            if events:
-                self._store._dispatcher.submit(self._handle, events)
-            return
-        if self._on_lost is not None:
-            self._report_lost(response)
-            return
-        if isinstance(response, RevisionCompactedError):
-            self._skip_compacted(response.compacted_revision)
-        logger.warning(
-            "watch on %r lost its stream (%s); resubscribing from revision %d",
-            self._prefix, _describe(response) if response is not None else "closed", self._next_revision,
-        )
-        # Not on this thread: it is pyetcd's stream thread, which a new subscription would join.
-        name = f"etcd-rewatch-{self._prefix}"
-        threading.Thread(target=self._resubscribe, name=name, daemon=True).start()
-
-    def _report_lost(self, response: object) -> None:
-        """Stop and tell the owner, after the events already passed on (on_lost mode)."""
-        with self._lock:
-            self._generation += 1
-            subscription, self._subscription = self._subscription, None
-        if subscription is not None:
-            _cancel_quietly(*subscription)
-        self._store._forget_watch(self)
-        error: DanubeError
-        if isinstance(response, RevisionCompactedError):
-            error = MetadataCompactedError(
-                f"watch on {self._prefix!r}: revisions before {response.compacted_revision} were "
-                "compacted", response.compacted_revision)
-        else:
-            cause = _describe(response) if response is not None else "closed"
-            error = MetadataUnavailableError(f"watch on {self._prefix!r} lost its stream ({cause})")
-        logger.warning("%s; its owner re-reads", error)
-        assert self._on_lost is not None
-        self._store._dispatcher.submit_lost(self._handle, self._on_lost, error)
-
-    def _resubscribe(self) -> None:
-        delay_s = 0.1
-        while not self._handle.cancelled and not self._store.closed:
-            try:
-                self._subscribe()
-                return
-            except DanubeError as exc:
-                logger.warning(
-                    "resubscribing watch on %r failed, next try in %.1fs: %s", self._prefix, delay_s, exc
-                )
-            if self._handle.wait_cancelled(delay_s):
-                return
-            delay_s = min(delay_s * 2, 5.0)
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._generation += 1
-            subscription, self._subscription = self._subscription, None
-        if subscription is not None:
-            _cancel_quietly(*subscription)
-        self._store._forget_watch(self)
-
-
-def _cancel_quietly(client: Any, watch_id: int) -> None:
-    try:
-        client.cancel_watch(watch_id)
-    except _CLIENT_ERRORS as exc:  # the stream is gone anyway; nothing left to cancel
-        logger.debug("cancelling etcd watch %s failed: %s", watch_id, _describe(exc))
 
 
 class EtcdMetadataStore(MetadataStore):
@@ -363,7 +180,7 @@ class EtcdMetadataStore(MetadataStore):
         self._lock = threading.Lock()
         self._clients: list[Any | None] = [None] * len(self._targets)
         self._current = 0
-        self._watches: set[_EtcdWatch] = set()
+        self._watches: set[EtcdWatch] = set()
         self._dispatcher = EventDispatcher("etcd-metadata-watch")
         self.closed = False
         self._connect()
@@ -403,11 +220,11 @@ class EtcdMetadataStore(MetadataStore):
                     etcdrpc.StatusRequest(), self._timeout_s,
                     credentials=client.call_credentials, metadata=client.metadata,
                 )
-            except _CLIENT_ERRORS as exc:
+            except CLIENT_ERRORS as exc:
                 self._drop_client(index)
-                if not _is_unavailable(exc):
+                if not is_unavailable(exc):
                     raise MetadataError(
-                        f"etcd at {label} rejected the connection check: {_describe(exc)}"
+                        f"etcd at {label} rejected the connection check: {describe(exc)}"
                     ) from exc
                 last = exc
                 continue
@@ -415,7 +232,7 @@ class EtcdMetadataStore(MetadataStore):
             return
         raise MetadataUnavailableError(
             f"etcd unreachable at {', '.join(self._labels)} during connect "
-            f"(timeout {self._timeout_s}s per endpoint): {_describe(last)}"
+            f"(timeout {self._timeout_s}s per endpoint): {describe(last)}"
         ) from last
 
     def _call(self, op: str, target: str, fn: Callable[[Any], T], *, failover: bool = True) -> T:
@@ -433,15 +250,15 @@ class EtcdMetadataStore(MetadataStore):
             index = self._current
             try:
                 return fn(self._client(index))
-            except _CLIENT_ERRORS as exc:
-                token_expired = _grpc_code(exc) == grpc.StatusCode.UNAUTHENTICATED
+            except CLIENT_ERRORS as exc:
+                token_expired = grpc_code(exc) == grpc.StatusCode.UNAUTHENTICATED
                 if self._user and token_expired and not renewed_token:
                     self._drop_client(index)  # auth token expired: a new client authenticates again
                     renewed_token = True
                     continue
-                if not _is_unavailable(exc):
+                if not is_unavailable(exc):
                     raise MetadataError(
-                        f"etcd {op} of {target} failed at {self._labels[index]}: {_describe(exc)}"
+                        f"etcd {op} of {target} failed at {self._labels[index]}: {describe(exc)}"
                     ) from exc
                 tried.append(self._labels[index])
                 last = exc
@@ -449,7 +266,7 @@ class EtcdMetadataStore(MetadataStore):
                 if not failover:
                     break
         raise MetadataUnavailableError(
-            f"etcd unreachable at {', '.join(tried)} during {op} of {target}: {_describe(last)}"
+            f"etcd unreachable at {', '.join(tried)} during {op} of {target}: {describe(last)}"
         ) from last
 
     def _fail_over(self, index: int) -> None:
@@ -501,7 +318,7 @@ class EtcdMetadataStore(MetadataStore):
             return self._read("range_at", target,
                               lambda client: _paged_range(client, start, end, None, False, revision))
         except MetadataError as exc:
-            compacted = _compacted_revision(exc.__cause__) if exc.__cause__ is not None else None
+            compacted = compacted_revision(exc.__cause__) if exc.__cause__ is not None else None
             if compacted is None:
                 raise
             raise MetadataCompactedError(f"etcd range_at of {target}: compacted", compacted) from exc
@@ -569,7 +386,7 @@ class EtcdMetadataStore(MetadataStore):
     ) -> WatchHandle:
         check_prefix(prefix)
         handle = WatchHandle(prefix, callback, lambda: watch.cancel())
-        watch = _EtcdWatch(self, handle, on_lost)
+        watch = EtcdWatch(self, handle, on_lost)
         with self._lock:
             self._watches.add(watch)
         try:
@@ -579,7 +396,7 @@ class EtcdMetadataStore(MetadataStore):
             raise
         return handle
 
-    def _forget_watch(self, watch: _EtcdWatch) -> None:
+    def _forget_watch(self, watch: EtcdWatch) -> None:
         with self._lock:
             self._watches.discard(watch)
 
