@@ -118,12 +118,7 @@ class EtcdWatch:
 
     def _report_lost(self, response: object) -> None:
         """Stop and tell the owner, after the events already passed on (on_lost mode)."""
-        with self._lock:
-            self._generation += 1
-            subscription, self._subscription = self._subscription, None
-        if subscription is not None:
-            cancel_quietly(*subscription)
-        self._store._forget_watch(self)
+        self.cancel()
         error: DanubeError
         if isinstance(response, RevisionCompactedError):
             error = MetadataCompactedError(
@@ -151,6 +146,7 @@ class EtcdWatch:
             delay_s = min(delay_s * 2, 5.0)
 
     def cancel(self) -> None:
+        """End the subscription; callbacks its stream still delivers are ignored (new generation)."""
         with self._lock:
             self._generation += 1
             subscription, self._subscription = self._subscription, None
