@@ -22,6 +22,8 @@ from danube_core.errors import ConfigError, InvalidTopicNameError
 from danube_core.keys import DEFAULT_ROOT_PREFIX
 from danube_core.topics import TopicName
 
+from connectors import option_values as values
+
 if TYPE_CHECKING:
     from danube_core.metadata import MetadataStore
 
@@ -105,17 +107,6 @@ DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 # Special per-topic values inside startingOffsets/endingOffsets JSON, as in Spark's Kafka source.
 EARLIEST = -2
 LATEST = -1
-
-_SIZE = re.compile(r"^(\d+)\s*(?:([kmgt])(?:i?b)?|b)?$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_DURATION = re.compile(r"^(\d+)\s*(ms|s|m|min|h|d)?$", re.IGNORECASE)
-_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-_SIZE_FORM = "a number of bytes, optionally with a binary unit k/m/g/t (e.g. 134217728, 128m, 1GiB)"
-_DURATION_FORM = "a duration: a number of milliseconds or a number with unit ms/s/m/h/d (e.g. 500ms, 15m)"
-
-
-def _invalid(key: str, value: Any, accepted: str) -> ConfigError:
-    return ConfigError(f"invalid value {value!r} for option {key!r}: expected {accepted}")
 
 
 @dataclass(frozen=True)
@@ -222,7 +213,7 @@ def parse_options(raw: Mapping[str, str]) -> DanubeOptions:
     salvage = _salvage(opts)
     options = DanubeOptions(
         etcd=_etcd(opts),
-        storage_url=_required(opts, STORAGE_URL),
+        storage_url=values.required(opts, STORAGE_URL),
         storage_options=_storage_options(opts),
         root_prefix=_root_prefix(opts),
         wal_root=_wal_root(opts),
@@ -231,16 +222,16 @@ def parse_options(raw: Mapping[str, str]) -> DanubeOptions:
         namespace=_namespace(opts),
         starting=_starting(opts),
         ending=_ending(opts),
-        max_messages_per_trigger=_int(opts, MAX_MESSAGES_PER_TRIGGER, minimum=1),
-        max_bytes_per_trigger=_size(opts, MAX_BYTES_PER_TRIGGER),
-        min_messages_per_trigger=_int(opts, MIN_MESSAGES_PER_TRIGGER, minimum=1),
-        max_trigger_delay_ms=_duration_ms(opts, MAX_TRIGGER_DELAY, DEFAULT_MAX_TRIGGER_DELAY_MS),
-        max_partition_bytes=_size(opts, MAX_PARTITION_BYTES) or DEFAULT_MAX_PARTITION_BYTES,
+        max_messages_per_trigger=values.integer(opts, MAX_MESSAGES_PER_TRIGGER, minimum=1),
+        max_bytes_per_trigger=values.size(opts, MAX_BYTES_PER_TRIGGER),
+        min_messages_per_trigger=values.integer(opts, MIN_MESSAGES_PER_TRIGGER, minimum=1),
+        max_trigger_delay_ms=values.duration_ms(opts, MAX_TRIGGER_DELAY, DEFAULT_MAX_TRIGGER_DELAY_MS),
+        max_partition_bytes=values.size(opts, MAX_PARTITION_BYTES) or DEFAULT_MAX_PARTITION_BYTES,
         subscription=_subscription(opts),
-        fail_on_data_loss=_boolean(opts, FAIL_ON_DATA_LOSS, True),
-        include_source=salvage is not None or _boolean(opts, INCLUDE_SOURCE, False),
+        fail_on_data_loss=values.boolean(opts, FAIL_ON_DATA_LOSS, True),
+        include_source=salvage is not None or values.boolean(opts, INCLUDE_SOURCE, False),
         salvage=salvage,
-        lost_offsets_location=_get(opts, LOST_OFFSETS_LOCATION) or None,
+        lost_offsets_location=values.get(opts, LOST_OFFSETS_LOCATION) or None,
     )
     _check_combinations(opts)
     return options
@@ -273,36 +264,24 @@ def _normalise(raw: Mapping[str, str]) -> dict[str, str]:
     return {**aliased, **opts}
 
 
-def _get(opts: Mapping[str, str], key: str) -> str | None:
-    value = opts.get(key.lower())
-    return None if value is None else value.strip()
-
-
-def _required(opts: Mapping[str, str], key: str) -> str:
-    value = _get(opts, key)
-    if not value:
-        raise ConfigError(f"option {key!r} is required")
-    return value
-
-
 def parse_etcd(raw: Mapping[str, str]) -> EtcdSettings:
     """Only the `etcd.*` options (keys case-insensitive), e.g. for a cursor-committing listener."""
     return _etcd({key.lower(): str(value) for key, value in raw.items()})
 
 
 def _etcd(opts: Mapping[str, str]) -> EtcdSettings:
-    endpoints = _required(opts, ETCD_ENDPOINTS)
+    endpoints = values.required(opts, ETCD_ENDPOINTS)
     parts = [p.strip() for p in endpoints.split(",")]
     if any(not p or " " in p for p in parts):
-        raise _invalid(ETCD_ENDPOINTS, endpoints, "host:port, http(s)://host:port, comma-separated")
+        raise values.invalid(ETCD_ENDPOINTS, endpoints, "host:port, http(s)://host:port, comma-separated")
     settings = EtcdSettings(
         endpoints=",".join(parts),
-        user=_get(opts, ETCD_USER) or None,
+        user=values.get(opts, ETCD_USER) or None,
         password=opts.get(ETCD_PASSWORD.lower()) or None,
-        ca_cert=_get(opts, ETCD_CA_CERT) or None,
-        cert_key=_get(opts, ETCD_CERT_KEY) or None,
-        cert_cert=_get(opts, ETCD_CERT_CERT) or None,
-        timeout_ms=_int(opts, ETCD_TIMEOUT_MS, minimum=1) or DEFAULT_ETCD_TIMEOUT_MS,
+        ca_cert=values.get(opts, ETCD_CA_CERT) or None,
+        cert_key=values.get(opts, ETCD_CERT_KEY) or None,
+        cert_cert=values.get(opts, ETCD_CERT_CERT) or None,
+        timeout_ms=values.integer(opts, ETCD_TIMEOUT_MS, minimum=1) or DEFAULT_ETCD_TIMEOUT_MS,
     )
     if (settings.user is None) != (settings.password is None):
         raise ConfigError(f"options {ETCD_USER!r} and {ETCD_PASSWORD!r} must be given together")
@@ -319,14 +298,14 @@ def _storage_options(opts: Mapping[str, str]) -> dict[str, Any]:
     storage options whose names need capitals, or values of other types, go in the JSON.
     """
     result: dict[str, Any] = {}
-    text = _get(opts, STORAGE_OPTIONS)
+    text = values.get(opts, STORAGE_OPTIONS)
     if text:
         try:
             value = json.loads(text)
         except ValueError as exc:
-            raise _invalid(STORAGE_OPTIONS, text, "a JSON object of fsspec storage options") from exc
+            raise values.invalid(STORAGE_OPTIONS, text, "a JSON object of fsspec storage options") from exc
         if not isinstance(value, dict):
-            raise _invalid(STORAGE_OPTIONS, text, "a JSON object of fsspec storage options")
+            raise values.invalid(STORAGE_OPTIONS, text, "a JSON object of fsspec storage options")
         result.update(value)
     for key in sorted(opts):
         if not key.startswith(STORAGE_PREFIX) or key in (STORAGE_URL.lower(), STORAGE_OPTIONS.lower()):
@@ -361,24 +340,24 @@ def _root_prefix(opts: Mapping[str, str]) -> str:
     if value is None:
         return DEFAULT_ROOT_PREFIX
     if not value.startswith("/") or any(ch.isspace() for ch in value):
-        raise _invalid(ROOT_PREFIX, value, "an etcd key prefix starting with '/' (e.g. /danube-data)")
+        raise values.invalid(ROOT_PREFIX, value, "an etcd key prefix starting with '/' (e.g. /danube-data)")
     return value
 
 
 def _wal_root(opts: Mapping[str, str]) -> str:
     from connectors.wal_scan import WAL_ROOT_FORMS, parse_wal_map
 
-    value = _get(opts, WAL_ROOT)
+    value = values.get(opts, WAL_ROOT)
     if value is None or value.lower() in (WAL_AUTO, WAL_NONE):
         return WAL_AUTO if value is None else value.lower()
     if not value:
-        raise _invalid(WAL_ROOT, value, WAL_ROOT_FORMS)
+        raise values.invalid(WAL_ROOT, value, WAL_ROOT_FORMS)
     parse_wal_map(value)  # the JSON-map form is checked here, before any query starts
     return value
 
 
 def _topics(opts: Mapping[str, str]) -> tuple[str, ...] | None:
-    value = _get(opts, TOPIC)
+    value = values.get(opts, TOPIC)
     if value is None:
         return None
     names: list[str] = []
@@ -387,32 +366,32 @@ def _topics(opts: Mapping[str, str]) -> tuple[str, ...] | None:
         try:
             topic = TopicName.parse(name).broker_name
         except InvalidTopicNameError as exc:
-            raise _invalid(TOPIC, value, f"one or more comma-separated topic names ({exc})") from exc
+            raise values.invalid(TOPIC, value, f"one or more comma-separated topic names ({exc})") from exc
         if topic not in names:
             names.append(topic)
     return tuple(names)
 
 
 def _topic_pattern(opts: Mapping[str, str]) -> str | None:
-    value = _get(opts, TOPIC_PATTERN)
+    value = values.get(opts, TOPIC_PATTERN)
     if value is None:
         return None
     try:
         re.compile(value)
     except re.error as exc:
-        raise _invalid(TOPIC_PATTERN, value, f"a Python regular expression ({exc})") from exc
+        raise values.invalid(TOPIC_PATTERN, value, f"a Python regular expression ({exc})") from exc
     return value
 
 
 def _namespace(opts: Mapping[str, str]) -> str | None:
-    value = _get(opts, NAMESPACE)
+    value = values.get(opts, NAMESPACE)
     if value is None:
         return None
     try:
         # The namespace rule is the topic-name part rule; probe it through TopicName.
         TopicName(value, "probe")
     except InvalidTopicNameError as exc:
-        raise _invalid(NAMESPACE, value, "a namespace name (letters, digits, '_' and '-')") from exc
+        raise values.invalid(NAMESPACE, value, "a namespace name (letters, digits, '_' and '-')") from exc
     return value
 
 
@@ -431,8 +410,8 @@ def _ending(opts: Mapping[str, str]) -> Position | None:
 def _position(
     opts: Mapping[str, str], offsets_key: str, timestamp_key: str, words: tuple[str, ...], accepted: str, lowest: int
 ) -> Position | None:
-    text = _get(opts, offsets_key)
-    timestamp = _int(opts, timestamp_key, minimum=0)
+    text = values.get(opts, offsets_key)
+    timestamp = values.integer(opts, timestamp_key, minimum=0)
     if text is not None and timestamp is not None:
         raise ConfigError(f"options {offsets_key!r} and {timestamp_key!r} exclude each other")
     if timestamp is not None:
@@ -450,28 +429,28 @@ def _offsets_json(key: str, text: str, accepted: str, lowest: int) -> dict[str, 
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise _invalid(key, text, accepted) from exc
+        raise values.invalid(key, text, accepted) from exc
     if not isinstance(value, dict) or not value:
-        raise _invalid(key, text, accepted)
+        raise values.invalid(key, text, accepted)
     offsets: dict[str, int] = {}
     for name, offset in value.items():
         try:
             topic = TopicName.parse(name).broker_name
         except InvalidTopicNameError as exc:
-            raise _invalid(key, text, f"{accepted}; {exc}") from exc
+            raise values.invalid(key, text, f"{accepted}; {exc}") from exc
         per_partition = offset.items() if isinstance(offset, dict) else [(None, offset)]
         for partition, value_ in per_partition:
             if partition is not None and not (isinstance(partition, str) and partition.isdigit()):
-                raise _invalid(key, text, f"{accepted}; topic {name!r} has partition {partition!r}")
+                raise values.invalid(key, text, f"{accepted}; topic {name!r} has partition {partition!r}")
             if type(value_) is not int or not lowest <= value_ < 2**64:
-                raise _invalid(key, text, f"{accepted}; topic {name!r} has offset {value_!r}")
+                raise values.invalid(key, text, f"{accepted}; topic {name!r} has offset {value_!r}")
             offsets[topic if partition is None else f"{topic}-part-{int(partition)}"] = value_
     return offsets
 
 
 def _salvage(opts: Mapping[str, str]) -> tuple[str, ...] | None:
     """Object ids and WAL file URLs to read whole, for one topic, with their provenance."""
-    value = _get(opts, SALVAGE)
+    value = values.get(opts, SALVAGE)
     if value is None:
         return None
     from danube_core.objectstore import OBJECT_ID_PATTERN  # fsspec: ~0.1 s, only when asked for
@@ -480,8 +459,8 @@ def _salvage(opts: Mapping[str, str]) -> tuple[str, ...] | None:
     accepted = ("comma-separated object ids (data-<start>-<secs>.dnb1) and WAL file URLs or paths, "
                 "as `python -m connectors.topic_inspector runs` lists them")
     if not names or any(not OBJECT_ID_PATTERN.match(n) and "/" not in n for n in names):
-        raise _invalid(SALVAGE, value, accepted)
-    topics = _get(opts, TOPIC)
+        raise values.invalid(SALVAGE, value, accepted)
+    topics = values.get(opts, TOPIC)
     if topics is None or "," in topics:
         raise ConfigError(f"option {SALVAGE!r} needs option {TOPIC!r} naming exactly one topic "
                           "(a partition's own name for a partitioned topic)")
@@ -494,51 +473,12 @@ def _salvage(opts: Mapping[str, str]) -> tuple[str, ...] | None:
 
 
 def _subscription(opts: Mapping[str, str]) -> str | None:
-    value = _get(opts, SUBSCRIPTION)
+    value = values.get(opts, SUBSCRIPTION)
     if value is None:
         return None
     if not value or "/" in value or any(ch.isspace() or not ch.isprintable() for ch in value):
-        raise _invalid(SUBSCRIPTION, value, "a subscription name without '/' or whitespace")
+        raise values.invalid(SUBSCRIPTION, value, "a subscription name without '/' or whitespace")
     return value
-
-
-def _boolean(opts: Mapping[str, str], key: str, default: bool) -> bool:
-    value = _get(opts, key)
-    if value is None:
-        return default
-    if value.lower() not in ("true", "false"):
-        raise _invalid(key, value, "true or false")
-    return value.lower() == "true"
-
-
-def _int(opts: Mapping[str, str], key: str, *, minimum: int) -> int | None:
-    value = _get(opts, key)
-    if value is None:
-        return None
-    if not value.isascii() or not value.isdigit() or int(value) < minimum:
-        raise _invalid(key, value, f"an integer >= {minimum}")
-    return int(value)
-
-
-def _size(opts: Mapping[str, str], key: str) -> int | None:
-    value = _get(opts, key)
-    if value is None:
-        return None
-    match = _SIZE.match(value)
-    if match is None or int(match.group(1)) == 0:
-        raise _invalid(key, value, _SIZE_FORM + ", > 0")
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
-
-
-def _duration_ms(opts: Mapping[str, str], key: str, default: int) -> int:
-    value = _get(opts, key)
-    if value is None:
-        return default
-    match = _DURATION.match(value)
-    if match is None:
-        raise _invalid(key, value, _DURATION_FORM)
-    unit = match.group(2).lower() if match.group(2) else None
-    return int(match.group(1)) * _DURATION_MS[unit]
 
 
 def _check_combinations(opts: Mapping[str, str]) -> None:
