@@ -39,6 +39,11 @@ def is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, unreachable) or grpc_code(exc) in UNAVAILABLE_CODES
 
 
+def key_target(key: str) -> str:
+    """How an error message names the key a request was about."""
+    return f"key {key!r}"
+
+
 def describe(exc: object) -> str:
     """A one-line cause for error messages: the gRPC status and details when there are some."""
     rpc = grpc_error(exc) if isinstance(exc, BaseException) else None

@@ -17,7 +17,7 @@ from pyetcd.exceptions import RevisionCompactedError
 from pyetcd.watch import WatchResponse
 
 from danube_core.errors import DanubeError, MetadataCompactedError, MetadataUnavailableError
-from danube_core.etcd_errors import CLIENT_ERRORS, describe
+from danube_core.etcd_errors import CLIENT_ERRORS, describe, key_target
 from danube_core.metadata import LostCallback, WatchEvent, WatchHandle
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class EtcdWatch:
     def __init__(self, store: "EtcdMetadataStore", handle: WatchHandle,
                  on_lost: LostCallback | None = None) -> None:
         self._store = store
-        self._handle = handle
+        self.handle = handle  # the caller's; the store cancels it on close
         self._prefix = handle.prefix
         self._on_lost = on_lost
         self._lock = threading.Lock()
@@ -73,9 +73,9 @@ class EtcdWatch:
                 self._skip_compacted(exc.compacted_revision)
                 return client, add()
 
-        subscription = self._store._call("watch", f"key {self._prefix!r}", create)
+        subscription = self._store._call("watch", key_target(self._prefix), create)
         with self._lock:
-            if self._handle.cancelled or callback.args[0] != self._generation:
+            if self.handle.cancelled or callback.args[0] != self._generation:
                 stale = subscription
             else:
                 self._subscription, stale = subscription, None
@@ -90,7 +90,7 @@ class EtcdWatch:
         self._next_revision = compacted_revision
 
     def _on_response(self, generation: int, response: object) -> None:
-        if self._handle.cancelled or generation != self._generation:
+        if self.handle.cancelled or generation != self._generation:
             return
         if isinstance(response, WatchResponse):
             events = []
@@ -101,7 +101,7 @@ class EtcdWatch:
                 else:
                     events.append(WatchEvent("delete", raw.key.decode(), None, raw.mod_revision))
             if events:
-                self._store._dispatcher.submit(self._handle, events)
+                self._store._dispatcher.submit(self.handle, events)
             return
         if self._on_lost is not None:
             self._report_lost(response)
@@ -129,11 +129,11 @@ class EtcdWatch:
             error = MetadataUnavailableError(f"watch on {self._prefix!r} lost its stream ({cause})")
         logger.warning("%s; its owner re-reads", error)
         assert self._on_lost is not None
-        self._store._dispatcher.submit_lost(self._handle, self._on_lost, error)
+        self._store._dispatcher.submit_lost(self.handle, self._on_lost, error)
 
     def _resubscribe(self) -> None:
         delay_s = 0.1
-        while not self._handle.cancelled and not self._store.closed:
+        while not self.handle.cancelled and not self._store.closed:
             try:
                 self._subscribe()
                 return
@@ -141,7 +141,7 @@ class EtcdWatch:
                 logger.warning(
                     "resubscribing watch on %r failed, next try in %.1fs: %s", self._prefix, delay_s, exc
                 )
-            if self._handle.wait_cancelled(delay_s):
+            if self.handle.wait_cancelled(delay_s):
                 return
             delay_s = min(delay_s * 2, 5.0)
 

@@ -23,7 +23,9 @@ from pyetcd.utils import prefix_range_end
 from danube_core.errors import (
     ConfigError, DanubeError, MetadataCompactedError, MetadataError, MetadataUnavailableError,
 )
-from danube_core.etcd_errors import CLIENT_ERRORS, compacted_revision, describe, grpc_code, is_unavailable
+from danube_core.etcd_errors import (
+    CLIENT_ERRORS, compacted_revision, describe, grpc_code, is_unavailable, key_target,
+)
 from danube_core.etcd_watch import EtcdWatch
 from danube_core.metadata import (
     EventDispatcher, KeyValues, Lease, LostCallback, MetadataStore, RangeRead, WatchCallback,
@@ -50,10 +52,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
 ]
 _ENDPOINT_FORMS = "host:port, http://host:port or https://host:port (comma-separated for several)"
-
-
-def _key(key: str) -> str:
-    return f"key {key!r}"
 
 
 def _lease_id(lease: Lease | None) -> int | None:
@@ -282,26 +280,26 @@ class EtcdMetadataStore(MetadataStore):
         )
 
     def get(self, key: str) -> bytes | None:
-        return self._read("get", _key(key), lambda c: c.get(key)[0])
+        return self._read("get", key_target(key), lambda c: c.get(key)[0])
 
     def put(self, key: str, value: bytes, lease: Lease | None = None) -> int:
         check_value(key, value)
-        response = self._call("put", _key(key), lambda c: c.put(key, value, lease=_lease_id(lease)))
+        response = self._call("put", key_target(key), lambda c: c.put(key, value, lease=_lease_id(lease)))
         return response.header.revision
 
     def delete(self, key: str) -> bool:
-        return self._call("delete", _key(key), lambda c: c.delete(key))
+        return self._call("delete", key_target(key), lambda c: c.delete(key))
 
     def delete_prefix(self, prefix: str) -> int:
         check_prefix(prefix)
-        return self._call("delete_prefix", _key(prefix), lambda c: c.delete_prefix(prefix).deleted)
+        return self._call("delete_prefix", key_target(prefix), lambda c: c.delete_prefix(prefix).deleted)
 
     def get_prefix(self, prefix: str, keys_only: bool = False) -> KeyValues:
         check_prefix(prefix)
 
         start = prefix.encode()
         end = prefix_range_end(start)
-        return self._read("get_prefix", _key(prefix),
+        return self._read("get_prefix", key_target(prefix),
                           lambda client: _paged_range(client, start, end, None, keys_only)).kvs
 
     def get_range(self, start_key: str, end_key: str, limit: int | None = None) -> KeyValues:
@@ -341,7 +339,7 @@ class EtcdMetadataStore(MetadataStore):
             return created
 
         # Not re-sent on failover: a lost reply would turn our own success into False.
-        return self._call("put_if_absent", _key(key), txn, failover=False)
+        return self._call("put_if_absent", key_target(key), txn, failover=False)
 
     def compare_and_put_revision(self, key: str, expected: bytes | None, value: bytes) -> int | None:
         check_value(key, value)
@@ -353,7 +351,7 @@ class EtcdMetadataStore(MetadataStore):
             swapped, responses = client.transaction(compare=[condition], success=[put], failure=[])
             return responses[0].response_put.header.revision if swapped else None
 
-        return self._call("compare_and_put", _key(key), txn, failover=False)
+        return self._call("compare_and_put", key_target(key), txn, failover=False)
 
     def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes | None],
                     lease: Lease | None = None) -> int | None:
@@ -368,7 +366,7 @@ class EtcdMetadataStore(MetadataStore):
             swapped, responses = client.transaction(compare=[condition, held], success=[put], failure=[])
             return responses[0].response_put.header.revision if swapped else None
 
-        return self._call("guarded_put", _key(key), txn, failover=False)
+        return self._call("guarded_put", key_target(key), txn, failover=False)
 
     def grant_lease(self, ttl_s: int) -> Lease:
         check_ttl(ttl_s)
@@ -407,7 +405,7 @@ class EtcdMetadataStore(MetadataStore):
             self.closed = True
             watches = list(self._watches)
         for watch in watches:
-            watch._handle.cancel()
+            watch.handle.cancel()
         for index in range(len(self._clients)):
             self._drop_client(index)
         self._dispatcher.close()
