@@ -20,7 +20,6 @@ from connectors.offsets import resolve_end, resolve_start
 from connectors.options import DanubeOptions
 from connectors.plain_errors import plain_config_errors, plain_iteration
 from connectors.read_task import ReadTask
-from danube_core import keys
 from danube_core.errors import DataLossError
 
 if TYPE_CHECKING:
@@ -60,12 +59,6 @@ def open_catalog(options: DanubeOptions) -> tuple["TopicCatalog", "MetadataStore
     """The driver's catalog and the etcd connection behind it (close the store when done)."""
     metadata = options.etcd.connect()
     return new_catalog(options, metadata), metadata
-
-
-def catalog_prefixes(root_prefix: str) -> list[str]:
-    """Every etcd prefix a `TopicCatalog` reads: what a stream's `LocalCache` covers."""
-    return [keys.StorageKeys(root_prefix).topics_prefix(), keys.CLUSTER_PREFIX,
-            keys.NAMESPACES_PREFIX, keys.TOPICS_PREFIX]
 
 
 def new_catalog(options: DanubeOptions, reader: "MetadataStore | LocalCache") -> "TopicCatalog":

@@ -80,6 +80,10 @@ class TopicCatalog:
         self._unread = UnreadTails(self._cursors)
         self._restarted: set[str] = set()
         self._restarts: dict[str, int] = {}  # topic -> first offset of a run that began mid-query
+        # topic -> the lowest offset a stream reads it from (None: from its head); a topic not
+        # here is read from anywhere (batch reads), so its run audit covers its whole history.
+        self._read_from: dict[str, int | None] = {}
+        self._audited_from: dict[str, int] = {}  # topic -> descriptor key its run audit starts at
 
     # ---- topics ---------------------------------------------------------------------------
 
@@ -104,8 +108,11 @@ class TopicCatalog:
         matching = (t for t in known if regex.fullmatch(str(t)) or regex.fullmatch(t.base_name))
         return sorted(matching, key=_order)
 
-    def _indexed(self, namespace: str | None) -> list[TopicName]:
-        prefix = keys.namespace_topics_prefix(namespace) if namespace else keys.NAMESPACES_PREFIX
+    def _indexed(self, namespace: str | None, prefix: str | None = None) -> list[TopicName]:
+        """Topics in the namespace index: one namespace's, every namespace's, or those whose
+        index key starts with `prefix`."""
+        if prefix is None:
+            prefix = keys.namespace_topics_prefix(namespace) if namespace else keys.NAMESPACES_PREFIX
         found = []
         for key, _ in self._metadata.get_prefix(prefix, keys_only=True):
             if "/topics/" in key:
@@ -113,7 +120,8 @@ class TopicCatalog:
         return found
 
     def _expand(self, topic: TopicName) -> list[TopicName]:
-        known = self._indexed(topic.namespace)
+        # Only the index keys starting with the topic's own: itself and its `-part-N` partitions.
+        known = self._indexed(topic.namespace, keys.namespace_topic_key(topic))
         if topic in known:
             return [topic]
         parts = [t for t in known if t.partition is not None and t.base_name == topic.broker_name]
@@ -162,6 +170,25 @@ class TopicCatalog:
         key = keys.cursor_key(_topic(topic), subscription)
         raw = self._metadata.get(key)
         return None if raw is None else parse_cursor(raw, key)
+
+    def read_from(self, topic: TopicName | str, offset: int | None) -> None:
+        """A stream reads `topic` from `offset` on (None: from its head, for `latest`), so its
+        run audit need only cover the descriptors from the one holding that offset: a stream
+        resuming near the head of a long history reads a few keys, not the history. An offset
+        below the audit's start makes the next look at the topic audit again from there.
+
+        An older run's descriptor stored below that key and reaching past it is not seen by
+        such an audit; batch reads and the inspector audit the whole topic.
+        """
+        name = str(_topic(topic))
+        if name in self._read_from:
+            known = self._read_from[name]
+            if offset is None or (known is not None and known <= offset):
+                return
+        self._read_from[name] = offset
+        audited = self._audited_from.get(name)
+        if audited is not None and offset is not None and offset < audited:
+            self._audits.pop(name, None)
 
     # ---- snapshots ------------------------------------------------------------------------
 
@@ -277,14 +304,21 @@ class TopicCatalog:
         return self._audits[str(topic)]
 
     def _audit(self, topic: TopicName, sealed: SealedState | None, wal: list[WalRun]) -> RunAudit:
-        """Read every descriptor and list the objects once, and sort them into runs."""
-        rows = self._metadata.get_prefix(self._keys.objects_prefix(topic))
-        descriptors = self._parse(rows)
+        """Read the descriptors (from `_audit_start` on) and list the objects once, and sort
+        them into runs."""
         raw_cur = self._metadata.get(self._keys.cur_key(topic))
         cur = int(CurPointer.from_json(raw_cur, self._keys.cur_key(topic)).start) if raw_cur else None
+        floor = self._audit_start(topic, cur)
+        if floor:
+            rows = self._metadata.get_range(self._keys.object_key(topic, floor), self._keys.cur_key(topic))
+        else:
+            rows = self._metadata.get_prefix(self._keys.objects_prefix(topic))
+        descriptors = self._parse(rows)
         listed: list[tuple[str, int, int | None]] = []
         for object_id in self._store.list_objects(topic):
-            listed.append((object_id, parse_object_id(object_id)[0], None))
+            start = parse_object_id(object_id)[0]
+            if start >= floor:
+                listed.append((object_id, start, None))
         chain, _ = current_chain(descriptors, cur)
         referenced = {d.object_id for d in descriptors}
         uploaded_stop = chain[-1].end_offset + 1 if chain else 0
@@ -300,9 +334,21 @@ class TopicCatalog:
         audit = audit_runs(str(topic), descriptors, cur, self._objects_url(topic), listed, wal,
                            stale_wal, sealed)
         self._audits[str(topic)] = audit
+        self._audited_from[str(topic)] = floor
         if not audit.clean:
             logger.warning("topic %s: %s", topic, audit.summary())
         return audit
+
+    def _audit_start(self, topic: TopicName, cur: int | None) -> int:
+        """Key offset the run audit starts at: 0 (the whole topic) unless a stream said where
+        it reads from (`read_from`)."""
+        name = str(topic)
+        if name not in self._read_from:
+            return 0
+        offset = self._read_from[name]
+        if offset is None:
+            return cur or 0
+        return self.covering_start(topic, offset) if cur is None or offset < cur else cur
 
     def _last_offset_of(self, url: str, start: int) -> int:
         """Last offset of an object no descriptor describes (its frames scanned once)."""
@@ -374,7 +420,7 @@ class TopicCatalog:
 
         The range starts at the descriptor that held `from_offset` in this catalog's previous
         snapshot of the topic (a stream moves forward through it) when it still does, else at
-        the one `_covering_start` finds.
+        the one `covering_start` finds.
         """
         stop_key = self._keys.object_key(topic, stop)
         audit = self._audits.get(str(topic))
@@ -392,21 +438,23 @@ class TopicCatalog:
             if hint is not None:
                 found = self._parse(self._metadata.get_range(self._keys.object_key(topic, hint), stop_key))
             if not (found and found[0].start_offset == hint and found[0].end_offset >= from_offset):
-                start_key = self._keys.object_key(topic, self._covering_start(topic, from_offset))
+                start_key = self._keys.object_key(topic, self.covering_start(topic, from_offset))
                 found = self._parse(self._metadata.get_range(start_key, stop_key))
         stale = audit.stale_ids() if audit is not None else set()
         descriptors = [d for d in found if d.end_offset >= from_offset and d.object_id not in stale]
         self._spans[str(topic)] = [(d.start_offset, d.end_offset) for d in descriptors]
         return descriptors
 
-    def _covering_start(self, topic: TopicName, offset: int) -> int:
+    def covering_start(self, topic: TopicName | str, offset: int) -> int:
         """Start key of the descriptor holding `offset`: `offset` itself or the nearest key below.
 
         etcd ranges only go forward, so the nearest key below is found by doubling a window
         down from `offset` and then bisecting it with 1-key range reads (~2·log2 distance).
         """
+        name = _topic(topic)
+
         def first_key_in(lo: int, hi: int) -> int | None:
-            lo_key, hi_key = self._keys.object_key(topic, lo), self._keys.object_key(topic, hi)
+            lo_key, hi_key = self._keys.object_key(name, lo), self._keys.object_key(name, hi)
             rows = self._metadata.get_range(lo_key, hi_key, limit=1)
             return keys.parse_object_key(rows[0][0]) if rows else None
 

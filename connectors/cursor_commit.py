@@ -54,6 +54,15 @@ class CursorWriter:
         self.metadata = metadata
         self.subscription = subscription
         self._registered: set[str] = set()
+        # Cursor and lock values as this writer last read or wrote them. Every write compares
+        # against them, so an outdated one costs a failed compare and a fresh read, never a
+        # wrong write; a steady stream of commits therefore reads nothing from etcd.
+        self._seen: dict[str, bytes | None] = {}
+
+    def _read(self, key: str) -> bytes | None:
+        if key not in self._seen:
+            self._seen[key] = self.metadata.get(key)
+        return self._seen[key]
 
     def commit(self, end: Mapping[str, int], lock: LockToken | None = None,
                guard: bytes | None = None) -> dict[str, int]:
@@ -82,25 +91,31 @@ class CursorWriter:
 
     def _guard(self, lock: LockToken) -> bytes | None:
         """The lock key's value if `lock` holds it, None if nobody does; raises if another does."""
-        raw = self.metadata.get(lock.key)
+        raw = self._read(lock.key)
         if raw is not None and not holder_accepts(raw, lock):
+            self._seen.pop(lock.key)  # read again before giving up on a later commit
             raise lock_lost(self.subscription, lock, raw, "does not move its cursors")
         return raw
 
     def _advance(self, topic: str, cursor: int, lock: LockToken | None,
                  guard: bytes | None) -> tuple[bool, bytes | None]:
         key = cursor_key(topic, self.subscription)
+        value = dump_cursor(cursor)
         for _ in range(_CAS_ATTEMPTS):
-            raw = self.metadata.get(key)
+            raw = self._read(key)
             if raw is not None and parse_cursor(raw, key) >= cursor:
                 return False, guard
             if lock is None:
-                if self.metadata.compare_and_put(key, raw, dump_cursor(cursor)):
-                    return True, guard
-            elif self.metadata.guarded_put(key, raw, dump_cursor(cursor), guard=(lock.key, guard)) is not None:
-                return True, guard
+                moved = self.metadata.compare_and_put(key, raw, value)
             else:
-                guard = self._guard(lock)  # the cursor or the lock changed: which?
+                moved = self.metadata.guarded_put(key, raw, value, guard=(lock.key, guard)) is not None
+            if moved:
+                self._seen[key] = value
+                return True, guard
+            self._seen.pop(key, None)  # the cursor or the lock changed: read both again
+            if lock is not None:
+                self._seen.pop(lock.key, None)
+                guard = self._guard(lock)
         raise MetadataError(f"etcd key {key!r}: cursor kept changing while committing {cursor}")
 
     def register(self, topic: str) -> None:

@@ -5,9 +5,11 @@ Spark runs this reader's driver-side methods in one long-lived Python process pe
 executors. The driver state (etcd connection, metadata cache, catalog, subscription lock) is
 therefore opened lazily on the first driver-side call and never pickled.
 
-The catalog reads a `LocalCache` of the prefixes it needs (descriptors, `cur`, sealed states,
-broker registrations and assignments, the namespace index), loaded once per query and kept
-current by a watch, so a trigger plans from memory without etcd range reads. Writes (cursor
+The catalog reads a `LocalCache` of the keys of the query's own topics (`connectors.query_scope`:
+the window of descriptors from the query's position to the head, `cur`, sealed states,
+subscriptions, the cluster keys naming their owners, their namespace-index entries), loaded
+once per topic and kept current by a watch, so a trigger plans from memory without etcd range
+reads, and neither the query's start nor its memory grows with the rest of the cluster. Writes (cursor
 commits, the lock, lag records) go to etcd; the values they compare against come from the
 cache (`CachedMetadataStore`), so a steady-state trigger reads nothing from etcd. A cache behind etcd can only make a trigger see
 less: a plan that finds offsets missing is made again from etcd (`plan_partitions(recheck=)`),
@@ -46,7 +48,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from connectors.batch import catalog_prefixes, new_catalog, plan_partitions, read_partition, topics_of
+from connectors.batch import new_catalog, plan_partitions, read_partition, topics_of
 from connectors.offsets import SourceOffset, cap_at, message_counts, resolve_start, with_new_topics
 from connectors.options import DanubeOptions
 from connectors.plain_errors import plain_config_errors, plain_iteration
@@ -67,9 +69,9 @@ class _DriverState:
 
     def __init__(self, options: DanubeOptions) -> None:
         from connectors.cursor_commit import CursorWriter
+        from connectors.query_scope import QueryScope
         from connectors.subscription_lock import SubscriptionLock
         from danube_core.cached_store import CachedMetadataStore
-        from danube_core.local_cache import LocalCache
 
         assert options.subscription is not None  # require_stream() checked it
         self.metadata = options.etcd.connect()
@@ -79,17 +81,17 @@ class _DriverState:
             self.metadata.close()
             raise
         try:
-            self.cache = LocalCache(self.metadata, catalog_prefixes(options.root_prefix),
-                                    name=f"stream-{options.subscription}").start()
+            self.scope = QueryScope(self.metadata, options, name=f"stream-{options.subscription}").start()
         except BaseException:
             self.lock.release()
             self.metadata.close()
             raise
-        self.catalog = new_catalog(options, self.cache)  # plans from memory
+        # Reads come from the scope's cache (what the query's topics need), anything else
+        # from etcd; cursor and lag writes wait for the cache to hold them before later reads.
+        self.reads = CachedMetadataStore(self.metadata, self.scope.cache)
+        self.catalog = new_catalog(options, self.reads)  # plans from memory
         self.etcd_catalog = new_catalog(options, self.metadata)  # re-checks a plan that finds a gap
-        # Cursor and lag writes read the keys they replace from the cache too (their own
-        # writes are waited for; a failed compare makes the retry read etcd's current state).
-        self.writer = CursorWriter(CachedMetadataStore(self.metadata, self.cache), options.subscription)
+        self.writer = CursorWriter(self.reads, options.subscription)
         self.target: dict[str, int] | None = None  # Trigger.AvailableNow: read up to here
         self.last_batch_ms = time.monotonic() * 1000
         self.reported: dict | None = None
@@ -98,11 +100,26 @@ class _DriverState:
         self.publish_times: dict[tuple[str, int], int] = {}  # (topic, offset) -> ms, for lag
         self.running_end: dict[str, int] | None = None  # end of the batch Spark planned last
 
+    def topics(self, options: DanubeOptions) -> list[str]:
+        """The topic partitions the query reads now, their keys cached from here on."""
+        topics = topics_of(self.catalog, options)
+        self.scope.follow(topics)
+        return topics
+
+    def reads_from(self, positions: Mapping[str, int]) -> None:
+        """The query reads each topic from its position: the run audit and the cached window
+        reach down to it (once), and move up behind it."""
+        self.scope.lower_to_restart()
+        for topic, offset in positions.items():
+            self.catalog.read_from(topic, offset)
+            self.scope.reach(topic, offset, self.catalog.covering_start)
+        self.scope.advance(positions)
+
     def close(self) -> None:
         try:
             self.lock.release()
         finally:
-            self.cache.close()
+            self.scope.close()
             self.metadata.close()
 
 
@@ -134,8 +151,13 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @plain_config_errors
     def initialOffset(self) -> dict:
         state = self._driver()
-        topics = topics_of(state.catalog, self.options)
-        start = resolve_start(self.options.starting_for(streaming=True), topics, state.catalog, self.options.subscription)
+        topics = state.topics(self.options)
+        starting = self.options.starting_for(streaming=True)
+        if starting.kind in ("latest", "cursor"):
+            for topic in topics:  # audited from the head, or from a cursor once it is read
+                state.catalog.read_from(topic, None)
+        start = resolve_start(starting, topics, state.catalog, self.options.subscription)
+        state.reads_from(start)
         for topic in topics:
             state.writer.register(topic)
         logger.info("subscription %s starts at %s", self.options.subscription, start)
@@ -154,7 +176,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @plain_config_errors
     def prepareForTriggerAvailableNow(self) -> None:
         state = self._driver()
-        topics = topics_of(state.catalog, self.options)
+        topics = state.topics(self.options)
         state.target = state.catalog.latest_offsets(topics)
         logger.info("Trigger.AvailableNow: subscription %s reads up to %s", self.options.subscription, state.target)
 
@@ -162,7 +184,8 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         state = self._driver()
         self._commit_finished_batch(state, SourceOffset.from_json_dict(start))
-        topics = topics_of(state.catalog, self.options)
+        topics = state.topics(self.options)
+        state.reads_from(SourceOffset.from_json_dict(start).positions)
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, topics, state.catalog)
         latest = {**begin, **state.catalog.latest_offsets(topics)}
         self._report_restarts(state, begin)

@@ -54,7 +54,7 @@ class CachedMetadataStore(MetadataStore):
 
     def _cached(self, start_key: str, end_key: str) -> bool:
         """Whether [start_key, end_key) is the cache's to answer, once it has our writes."""
-        if not any(start_key.startswith(p) and end_key <= prefix_end(p) for p in self.cache.prefixes):
+        if not self.cache.covers(start_key, end_key):
             return False
         with self._lock:
             written = self._written
@@ -158,7 +158,7 @@ class CachedMetadataStore(MetadataStore):
         self, prefix: str, callback: WatchCallback, *, start_revision: int | None = None,
         on_lost: LostCallback | None = None,
     ) -> WatchHandle:
-        covered = any(prefix.startswith(p) for p in self.cache.prefixes)
+        covered = self.cache.covers(prefix, prefix_end(prefix))
         if covered and start_revision is None and on_lost is None:
             subscription = self.cache.subscribe(prefix, callback)
             return WatchHandle(prefix, callback, subscription.cancel)

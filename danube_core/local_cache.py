@@ -5,12 +5,19 @@ Danube brokers write to etcd and read from a local cache that an etcd watch keep
 `LocalCache` is that cache for the broker, the connector's driver and anything else that reads
 the same keys many times:
 
-* It loads its prefixes with range reads pinned to one revision R, then watches from R + 1, so
-  no change is missed or applied twice. Reads (`get`, `get_range`, `get_prefix`, the read half
-  of `MetadataStore`, same signatures and semantics) are served from memory and never touch
-  etcd; reading a key outside the cache's prefixes is a programming error (ValueError).
-* One watch covers all prefixes (on their longest common prefix), so events arrive in revision
-  order and `revision` is the store revision the whole cache reflects.
+* It loads its spans (whole prefixes, or key ranges such as "a topic's descriptors from offset N
+  on", optionally keeping only the keys a filter accepts) with range reads pinned to one
+  revision R, then watches from R + 1, so no change is missed or applied twice. Reads (`get`,
+  `get_range`, `get_prefix`, the read half of `MetadataStore`, same signatures and semantics)
+  are served from memory and never touch etcd; reading a key outside the cache's spans is a
+  programming error (ValueError). A filtered span answers a range with the keys it keeps.
+* One watch covers all spans (on their longest common prefix, or a wider `watch_prefix` given
+  up front), so events arrive in revision order and `revision` is the store revision the whole
+  cache reflects.
+* Spans can be added (`cover`) and dropped (`uncover`) while the cache runs, so a reader's
+  cache follows what it reads (a stream's topics, the window of a topic's history it is in)
+  instead of holding the whole key space. A span added at etcd revision R' ignores the
+  watch's events up to R' (its listing already holds them) and applies the later ones.
 * When the watch is lost (stream broken, etcd restarted, or the history it needs compacted) the
   cache keeps serving what it has, and a background thread re-lists and watches again, with
   capped exponential backoff. Subscribers see the differences the re-list found as events.
@@ -30,7 +37,8 @@ import logging
 import os
 import threading
 import time
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 from danube_core.errors import DanubeError, MetadataCompactedError, StaleCacheError
 from danube_core.metadata import (
@@ -55,23 +63,55 @@ class Subscription:
         self._on_cancel(self)
 
 
-class LocalCache:
-    """The keys under `prefixes`, loaded once and kept current by a watch; see the module docstring.
+KeyFilter = Callable[[str], bool]
 
-    `start()` loads and watches (raising if etcd cannot be read); `close()` stops the watch.
-    Counters for tests and benchmarks: `loads` (full listings) and `events` (changes applied).
+
+@dataclass
+class Span:
+    """Keys in `[start, end)` the cache holds (only those `keep` accepts, when given).
+
+    `loaded_at`: the revision its listing reflects; the watch's events up to it are ignored for
+    keys only this span holds. `pending`: events that arrived while a `cover` was listing it.
     """
 
-    def __init__(self, store: MetadataStore, prefixes: list[str], *, name: str = "metadata-cache",
-                 max_backoff_s: float = MAX_BACKOFF_S) -> None:
-        if not prefixes:
-            raise ValueError("a LocalCache needs at least one key prefix")
+    start: str
+    end: str
+    keep: KeyFilter | None = None
+    loaded_at: int = 0
+    pending: list[WatchEvent] | None = field(default=None, repr=False)
+
+    def holds(self, key: str) -> bool:
+        return self.start <= key < self.end and (self.keep is None or self.keep(key))
+
+
+class LocalCache:
+    """The keys of some spans of etcd, loaded once and kept current by a watch; see the module
+    docstring.
+
+    `prefixes`: whole prefixes; `spans`: `(start_key, end_key, keep)` key ranges, `keep` None or
+    a filter of the keys held. `watch_prefix`: the prefix watched, when spans will be added
+    later outside the initial ones' common prefix. `start()` loads and watches (raising if etcd
+    cannot be read); `close()` stops the watch. Counters for tests and benchmarks: `loads`
+    (full listings), `spans_added` (spans listed while running) and `events` (changes applied).
+    """
+
+    def __init__(self, store: MetadataStore, prefixes: Iterable[str] = (), *, name: str = "metadata-cache",
+                 max_backoff_s: float = MAX_BACKOFF_S,
+                 spans: Iterable[tuple[str, str, KeyFilter | None]] = (), watch_prefix: str | None = None) -> None:
         ordered = sorted(set(prefixes))
         # A prefix inside another one is already covered (and would be listed twice).
         self.prefixes = [p for p in ordered if not any(p != q and p.startswith(q) for q in ordered)]
-        self._watch_prefix = os.path.commonprefix(self.prefixes)
+        self._spans = [Span(p, prefix_end(p)) for p in self.prefixes]
+        self._spans += [Span(start, end, keep) for start, end, keep in spans]
+        if not self._spans:
+            raise ValueError("a LocalCache needs at least one key prefix or span")
+        bounds = [b for span in self._spans for b in (span.start, span.end)]
+        self._watch_prefix = watch_prefix if watch_prefix is not None else os.path.commonprefix(bounds)
         if not self._watch_prefix:
-            raise ValueError(f"cache prefixes {prefixes!r} share no common prefix to watch")
+            raise ValueError(f"cache spans {[(s.start, s.end) for s in self._spans]!r} share no common "
+                             "prefix to watch")
+        for span in self._spans:
+            self._check_watched(span.start, span.end)
         self._store = store
         self._name = name
         self._max_backoff_s = max_backoff_s
@@ -85,11 +125,14 @@ class LocalCache:
         self._recovering = False
         self._synced = False
         self._closed = False
+        self._layout = threading.Lock()  # one listing at a time: (re)loads, cover, uncover
         self.loads = 0
+        self.spans_added = 0
         self.events = 0
 
     def __repr__(self) -> str:
-        return f"LocalCache({self._name}, {self.prefixes}, revision {self._revision})"
+        return f"LocalCache({self._name}, {len(self._spans)} span(s) under {self._watch_prefix!r}, " \
+               f"revision {self._revision})"
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -132,7 +175,7 @@ class LocalCache:
     # ---- reads (the read half of MetadataStore) ---------------------------------------------
 
     def get(self, key: str) -> bytes | None:
-        self._check_key(key)
+        self._check_range(key, key + "\0")
         with self._cond:
             return self._values.get(key)
 
@@ -152,14 +195,76 @@ class LocalCache:
         rows = self.get_range(prefix, prefix_end(prefix))
         return [(k, b"") for k, _ in rows] if keys_only else rows
 
-    def _check_key(self, key: str) -> None:
-        if not any(key.startswith(p) for p in self.prefixes):
-            raise ValueError(f"key {key!r} is outside the {self._name} cache's prefixes {self.prefixes}")
+    def covers(self, start_key: str, end_key: str) -> bool:
+        """Whether reads of `[start_key, end_key)` are this cache's to answer: one span holds the
+        whole range (a filtered span answers with the keys it keeps)."""
+        with self._cond:
+            return any(s.start <= start_key and end_key <= s.end and s.pending is None for s in self._spans)
 
     def _check_range(self, start_key: str, end_key: str) -> None:
-        if not any(start_key.startswith(p) and end_key <= prefix_end(p) for p in self.prefixes):
-            raise ValueError(f"key range [{start_key!r}, {end_key!r}) is outside the {self._name} "
-                             f"cache's prefixes {self.prefixes}")
+        if not self.covers(start_key, end_key):
+            raise ValueError(f"key range [{start_key!r}, {end_key!r}) is outside the {self._name} cache's "
+                             f"spans {[(s.start, s.end) for s in self._spans]}")
+
+    def _check_watched(self, start_key: str, end_key: str) -> None:
+        if not (start_key.startswith(self._watch_prefix) and end_key <= prefix_end(self._watch_prefix)):
+            raise ValueError(f"span [{start_key!r}, {end_key!r}) is outside the {self._name} cache's "
+                             f"watched prefix {self._watch_prefix!r}")
+
+    def _holds(self, key: str, revision: int) -> bool:
+        """Under the lock: whether an event at `revision` on `key` changes what the cache holds."""
+        return any(s.holds(key) and s.pending is None and revision > s.loaded_at for s in self._spans)
+
+    # ---- spans added and dropped while running ----------------------------------------------
+
+    def cover(self, start_key: str, end_key: str, keep: KeyFilter | None = None) -> None:
+        """Hold `[start_key, end_key)` (only the keys `keep` accepts) from now on: listed now,
+        then kept current by the watch. MetadataError if etcd cannot be read."""
+        self._check_watched(start_key, end_key)
+        span = Span(start_key, end_key, keep, pending=[])
+        with self._layout:
+            with self._cond:
+                self._spans.append(span)  # events from here on are kept in `pending`
+            try:
+                read = self._store.range_at(start_key, end_key)
+            except BaseException:
+                with self._cond:
+                    self._spans.remove(span)
+                raise
+            with self._cond:
+                for key, value in read.kvs:
+                    if (keep is None or keep(key)) and key not in self._values:
+                        bisect.insort(self._keys, key)
+                        self._values[key] = value
+                span.loaded_at, pending, span.pending = read.revision, span.pending or [], None
+                for event in pending:
+                    if event.revision > read.revision:
+                        self._apply(event)
+                self.spans_added += 1
+                self._cond.notify_all()
+
+    def uncover(self, start_key: str, end_key: str) -> int:
+        """Stop holding `[start_key, end_key)`: spans are cut there and the keys no remaining span
+        holds are dropped. Returns the number of keys dropped."""
+        with self._layout, self._cond:
+            kept: list[Span] = []
+            for span in self._spans:
+                if span.end <= start_key or end_key <= span.start:
+                    kept.append(span)
+                    continue
+                if span.start < start_key:
+                    kept.append(Span(span.start, start_key, span.keep, span.loaded_at, span.pending))
+                if end_key < span.end:
+                    kept.append(Span(end_key, span.end, span.keep, span.loaded_at, span.pending))
+            self._spans = kept
+            lo = bisect.bisect_left(self._keys, start_key)
+            hi = bisect.bisect_left(self._keys, end_key, lo)
+            gone = [k for k in self._keys[lo:hi] if not any(s.holds(k) for s in kept)]
+            for key in gone:
+                del self._values[key]
+            if gone:
+                self._keys[lo:hi] = [k for k in self._keys[lo:hi] if k in self._values]
+            return len(gone)
 
     # ---- read-your-writes and subscribers ---------------------------------------------------
 
@@ -181,7 +286,7 @@ class LocalCache:
 
     def subscribe(self, prefix: str, callback: WatchCallback) -> Subscription:
         """Call `callback(event)` after each change under `prefix` is applied to the cache."""
-        self._check_key(prefix)
+        self._check_range(prefix, prefix_end(prefix))
         subscription = Subscription(prefix, callback, self._unsubscribe)
         with self._cond:
             self._subscribers.append(subscription)
@@ -206,18 +311,26 @@ class LocalCache:
     # ---- loading and watching ---------------------------------------------------------------
 
     def _sync(self) -> None:
-        """List every prefix at one revision, swap the data in, and watch from the next one."""
+        """List every span at one revision, swap the data in, and watch from the next one."""
+        with self._layout:
+            self._list_and_watch()
+
+    def _list_and_watch(self) -> None:
         rows: KeyValues = []
         revision: int | None = None
-        for prefix in self.prefixes:
-            read = self._store.range_at(prefix, prefix_end(prefix), revision)
+        with self._cond:
+            spans = list(self._spans)
+        for span in spans:
+            read = self._store.range_at(span.start, span.end, revision)
             revision = read.revision
-            rows.extend(read.kvs)
+            rows.extend(kv for kv in read.kvs if span.keep is None or span.keep(kv[0]))
         assert revision is not None
         values = dict(rows)
         with self._cond:
             if self._closed:
                 return
+            for span in spans:
+                span.loaded_at = revision
             self._generation += 1
             generation = self._generation
             old_handle, self._handle = self._handle, None
@@ -243,10 +356,13 @@ class LocalCache:
         logger.info("%s cache loaded %d keys at revision %d", self._name, len(values), revision)
 
     def _on_event(self, generation: int, event: WatchEvent) -> None:
-        covered = any(event.key.startswith(p) for p in self.prefixes)
         with self._cond:
             if generation != self._generation or self._closed:
                 return
+            for span in self._spans:
+                if span.pending is not None and span.holds(event.key):
+                    span.pending.append(event)  # its listing is under way: applied after it
+            covered = self._holds(event.key, event.revision)
             if covered:
                 self._apply(event)
             self._revision = max(self._revision, event.revision)
