@@ -6,7 +6,7 @@ The pipelines run as processes so they can be killed with -9; each costs a JVM s
 C1 only and the serial GC, `bench.fault_kit.SHORT_RUN_JVM_OPTIONS`, about 23 CPU s), about 19
 in all, which makes this module slow: an estimated 6-8 minutes on an idle 2-core machine, far
 more under other load (the lock-lease test alone took 7 minutes at load 30-35). See the
-README's fault battery section.
+fault battery section of bench/README.md.
 """
 
 from __future__ import annotations
