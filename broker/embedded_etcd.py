@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from typing import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,7 +74,7 @@ class EmbeddedEtcd:
     """A real etcd server process in a (temp) data dir, on 127.0.0.1."""
 
     def __init__(self, data_dir: str | None = None, client_port: int | None = None,
-                 security: EtcdSecurity | None = None) -> None:
+                 security: EtcdSecurity | None = None, extra_flags: Sequence[str] = ()) -> None:
         self._owns_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="danube-etcd-")
         os.makedirs(self.data_dir, exist_ok=True)
@@ -94,6 +95,7 @@ class EmbeddedEtcd:
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
                 "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
                 *self._tls_flags(),
+                *extra_flags,  # e.g. a benchmark's larger --quota-backend-bytes
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -232,6 +232,8 @@ class TopicCatalog:
         if last is not None and from_offset < stop:
             if from_offset >= last.start_offset:
                 objects = [last] if last.end_offset >= from_offset else []
+                # The next snapshot, after an upload, starts its key range here (no search).
+                self._spans[str(topic)] = [(last.start_offset, last.end_offset)]
             else:
                 objects = self._descriptors_from(topic, from_offset, stop)
         return TopicSnapshot(

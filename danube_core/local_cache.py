@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 INITIAL_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 5.0
+COVERED_MEMO_ENTRIES = 4096
 
 
 class Subscription:
@@ -126,6 +127,7 @@ class LocalCache:
         self._synced = False
         self._closed = False
         self._layout = threading.Lock()  # one listing at a time: (re)loads, cover, uncover
+        self._covered: dict[tuple[str, str], bool] = {}  # `covers` answers until the spans change
         self.loads = 0
         self.spans_added = 0
         self.events = 0
@@ -197,9 +199,15 @@ class LocalCache:
 
     def covers(self, start_key: str, end_key: str) -> bool:
         """Whether reads of `[start_key, end_key)` are this cache's to answer: one span holds the
-        whole range (a filtered span answers with the keys it keeps)."""
+        whole range (a filtered span answers with the keys it keeps), or unfiltered spans do
+        end to end (a window lowered by `cover` below the span it started with)."""
         with self._cond:
-            return any(s.start <= start_key and end_key <= s.end and s.pending is None for s in self._spans)
+            known = self._covered.get((start_key, end_key))
+            if known is None:
+                if len(self._covered) >= COVERED_MEMO_ENTRIES:  # ranges read at ever new offsets
+                    self._covered.clear()
+                known = self._covered[(start_key, end_key)] = _covered(self._spans, start_key, end_key)
+            return known
 
     def _check_range(self, start_key: str, end_key: str) -> None:
         if not self.covers(start_key, end_key):
@@ -225,11 +233,13 @@ class LocalCache:
         with self._layout:
             with self._cond:
                 self._spans.append(span)  # events from here on are kept in `pending`
+                self._covered.clear()
             try:
                 read = self._store.range_at(start_key, end_key)
             except BaseException:
                 with self._cond:
                     self._spans.remove(span)
+                    self._covered.clear()
                 raise
             with self._cond:
                 for key, value in read.kvs:
@@ -237,6 +247,7 @@ class LocalCache:
                         bisect.insort(self._keys, key)
                         self._values[key] = value
                 span.loaded_at, pending, span.pending = read.revision, span.pending or [], None
+                self._covered.clear()
                 for event in pending:
                     if event.revision > read.revision:
                         self._apply(event)
@@ -257,6 +268,7 @@ class LocalCache:
                 if end_key < span.end:
                     kept.append(Span(end_key, span.end, span.keep, span.loaded_at, span.pending))
             self._spans = kept
+            self._covered.clear()
             lo = bisect.bisect_left(self._keys, start_key)
             hi = bisect.bisect_left(self._keys, end_key, lo)
             gone = [k for k in self._keys[lo:hi] if not any(s.holds(k) for s in kept)]
@@ -417,6 +429,20 @@ class LocalCache:
         finally:
             with self._cond:
                 self._recovering = False
+
+
+def _covered(spans: list[Span], start_key: str, end_key: str) -> bool:
+    """Whether `spans` hold `[start_key, end_key)`: one of them, or unfiltered ones end to end."""
+    ready = [s for s in spans if s.pending is None]
+    if any(s.start <= start_key and end_key <= s.end for s in ready):
+        return True
+    reached = start_key
+    for span in sorted((s for s in ready if s.keep is None), key=lambda s: s.start):
+        if span.start <= reached < span.end:
+            reached = span.end
+            if end_key <= reached:
+                return True
+    return False
 
 
 def _differences(old: dict[str, bytes], new: dict[str, bytes], revision: int) -> list[WatchEvent]:

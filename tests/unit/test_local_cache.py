@@ -146,6 +146,87 @@ class LocalCacheContract:
         cache.get_prefix(prefix)
         assert counting.reads == after_load == 1  # one range read of the single prefix
 
+    # ---- spans: key ranges, filters, added and dropped while running -----------------------
+
+    def test_a_span_holds_its_key_range_and_the_keys_its_filter_keeps(self, store, prefix):
+        for i in range(10):
+            store.put(prefix + "d/" + padded_offset(i), b"%d" % i)
+        store.put(prefix + "f/keep-1", b"k")
+        store.put(prefix + "f/drop-1", b"d")
+        cache = LocalCache(store, spans=[
+            (prefix + "d/" + padded_offset(4), prefix + "d0", None),
+            (prefix + "f/", prefix + "f0", lambda key: "/keep-" in key)], name="test").start()
+        try:
+            assert [k for k, _ in cache.get_prefix(prefix + "f/")] == [prefix + "f/keep-1"]
+            assert cache.get_range(prefix + "d/" + padded_offset(4), prefix + "d0") == \
+                store.get_range(prefix + "d/" + padded_offset(4), prefix + "d0")
+            with pytest.raises(ValueError, match="outside"):
+                cache.get_range(prefix + "d/", prefix + "d0")  # below the span's start
+            store.put(prefix + "f/drop-2", b"d")
+            store.put(prefix + "d/" + padded_offset(2), b"below")
+            revision = store.put(prefix + "f/keep-2", b"k")
+            cache.wait_for_revision(revision, WAIT_S)
+            assert [k for k, _ in cache.get_prefix(prefix + "f/")] == [prefix + "f/keep-1", prefix + "f/keep-2"]
+            assert cache.get(prefix + "d/" + padded_offset(4)) == b"4"
+        finally:
+            cache.close()
+
+    def test_cover_adds_a_span_while_running_and_uncover_drops_one(self, store, prefix):
+        for i in range(10):
+            store.put(prefix + "d/" + padded_offset(i), b"%d" % i)
+        cache = LocalCache(store, spans=[(prefix + "d/" + padded_offset(8), prefix + "d0", None)],
+                           watch_prefix=prefix, name="test").start()
+        try:
+            store.put(prefix + "d/" + padded_offset(3), b"changed before the cover")
+            low = (prefix + "d/" + padded_offset(2), prefix + "d/" + padded_offset(8))
+            assert not cache.covers(*low)
+            cache.cover(*low)
+            assert cache.covers(*low) and cache.covers(low[0], prefix + "d0")
+            assert cache.get_range(low[0], prefix + "d0") == store.get_range(low[0], prefix + "d0")
+            revision = store.put(prefix + "d/" + padded_offset(5), b"changed after the cover")
+            cache.wait_for_revision(revision, WAIT_S)
+            assert cache.get(prefix + "d/" + padded_offset(5)) == b"changed after the cover"
+            assert cache.uncover(low[0], prefix + "d/" + padded_offset(6)) == 4
+            assert not cache.covers(low[0], prefix + "d0") and cache.covers(prefix + "d/" + padded_offset(6), prefix + "d0")
+            store.put(prefix + "d/" + padded_offset(3), b"no longer held")
+            revision = store.put(prefix + "d/" + padded_offset(9), b"still held")
+            cache.wait_for_revision(revision, WAIT_S)
+            assert cache.get(prefix + "d/" + padded_offset(9)) == b"still held"
+            assert [k for k, _ in cache._values.items() if k < prefix + "d/" + padded_offset(6)] == []
+            with pytest.raises(ValueError, match="watched prefix"):
+                cache.cover("/elsewhere/", "/elsewhere0")
+        finally:
+            cache.close()
+
+    def test_a_change_made_while_a_cover_lists_is_applied_after_it(self, store, prefix):
+        class WriteDuringListing:
+            """The store, with a write landing right after `cover`'s listing read."""
+
+            def __init__(self) -> None:
+                self.armed = False
+
+            def __getattr__(self, name):
+                return getattr(store, name)
+
+            def range_at(self, start, end, revision=None):
+                read = store.range_at(start, end, revision)
+                if self.armed:
+                    self.armed = False
+                    store.put(prefix + "late/k", b"written during the listing")
+                return read
+
+        racing = WriteDuringListing()
+        cache = LocalCache(racing, spans=[(prefix + "a/", prefix + "a0", None)], watch_prefix=prefix,  # type: ignore[arg-type]
+                           name="test").start()
+        try:
+            racing.armed = True
+            cache.cover(prefix + "late/", prefix + "late0")
+            eventually(lambda: cache.get(prefix + "late/k") == b"written during the listing", deadline_s=WAIT_S)
+        finally:
+            cache.close()
+
+
+
 
 class CompactingStore(MemoryMetadataStore):
     """Right after the first `range_at`, writes twice and compacts past the revision it read."""
