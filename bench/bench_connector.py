@@ -247,7 +247,7 @@ def measure_read(options: dict, arrow_dir: Path, parquet_dir: Path) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from connectors.batch import READ_COLUMNS, read_partition
+    from connectors.partitions import READ_COLUMNS, read_partition
     from connectors.source import DanubeDataSource
     from connectors.task_reader import read_task
 
@@ -329,7 +329,7 @@ def memory_probe(task_json: str) -> None:
     """
     import danube_core.arrow_decode  # noqa: F401  (imported lazily by read(); part of the baseline)
     import danube_core.objectstore  # noqa: F401
-    from connectors.batch import DanubePartition, read_partition
+    from connectors.partitions import DanubePartition, read_partition
     from connectors.read_task import ReadTask
     from connectors.schema import arrow_schema
 

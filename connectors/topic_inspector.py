@@ -8,7 +8,7 @@ Spark's `long` cannot hold ids above 2^63.
 
 Offsets follow the connector's convention: `latest_offset` and `next_offset` are end-exclusive
 positions; `cursor` and descriptor ends are inclusive as in etcd (spec §6.4). Lag is what the
-streaming source reports for its own subscription (`connectors.stream.measure_lag`): messages
+streaming source reports for its own subscription (`connectors.lag.measure_lag`): messages
 after the cursor, the bytes a reader would fetch for them, and the publish-time distance
 between the newest message and the last acknowledged one.
 
@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 from connectors.batch import open_catalog, topics_of
 from connectors.catalog import TopicCatalog
 from connectors.options import DanubeOptions, parse_options
-from connectors.stream import measure_lag
+from connectors.lag import measure_lag
 from danube_core import keys
 from danube_core.metadata import MetadataStore
 from danube_core.records import ObjectDescriptor, SealedState, SubscriptionRecord, parse_cursor, parse_delivery

@@ -17,7 +17,8 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from connectors import stream as stream_module
-from connectors.batch import new_catalog, plan_partitions, read_partition
+from connectors.batch import new_catalog
+from connectors.partitions import plan_partitions, read_partition
 from connectors.options import EtcdSettings, parse_options
 from connectors.query_scope import QueryScope
 from connectors.stream import DanubeStreamReader

@@ -233,7 +233,7 @@ def test_reading_a_task_in_a_fresh_worker_imports_no_pandas_and_freezes_the_heap
         b.close()
     script = (
         "import gc, json, sys\n"
-        "from connectors.batch import DanubePartition, read_partition\n"
+        "from connectors.partitions import DanubePartition, read_partition\n"
         "from connectors.read_task import ReadTask\n"
         "tasks = [ReadTask.from_dict(t) for t in json.loads(sys.argv[1])]\n"
         "rows = sum(b.num_rows for b in read_partition(DanubePartition(0, tasks), True))\n"
