@@ -12,13 +12,19 @@
 # archive extracted next to each executor (`danube_spark/`, put on their PYTHONPATH). An
 # archive rather than --py-files because Python cannot import the compiled frame decoder
 # (danube_core/_fastdecode) from inside a zip. The driver runs in client mode from this checkout.
+#
+# Spark logs warnings and errors only (conf/spark-log4j2.properties), and Ivy's resolution of
+# the packages is shown only when it downloads a jar or fails (pipelines/ivy_output.py).
+# --verbose (or -v) gives Spark's INFO logs and all of Ivy's output, and is passed on to
+# spark-submit, which then prints its parsed arguments as well.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PYTHON="${PYSPARK_PYTHON:-python3}"
 
 usage() {
-  echo "usage: $0 run <pipeline.yaml> [spark-submit flags...]" >&2
+  echo "usage: $0 run <pipeline.yaml> [--verbose] [spark-submit flags...]" >&2
+  echo "  --verbose, -v  Spark's INFO logs and Ivy's full resolution output (default: warnings only)" >&2
   exit 2
 }
 
@@ -30,14 +36,16 @@ shift 2
 export PYTHONPATH="${ROOT}${PYTHONPATH:+:$PYTHONPATH}"
 PACKAGES="$("$PYTHON" -c 'from pipelines.session import spark_packages; print(",".join(spark_packages()))')"
 
-# Pass the caller's flags through, merging --packages and noticing --master.
+# Pass the caller's flags through, merging --packages and noticing --master and --verbose.
 MASTER_GIVEN=0
+VERBOSE=0
 PASSTHROUGH=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --packages) PACKAGES="${PACKAGES},$2"; shift 2 ;;
     --packages=*) PACKAGES="${PACKAGES},${1#--packages=}"; shift ;;
     --master|--master=*) MASTER_GIVEN=1; PASSTHROUGH+=("$1"); shift ;;
+    --verbose|-v) VERBOSE=1; PASSTHROUGH+=("$1"); shift ;;
     *) PASSTHROUGH+=("$1"); shift ;;
   esac
 done
@@ -65,13 +73,21 @@ with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
                     zf.write(path, os.path.relpath(path, root))
 EOF
 
-exec spark-submit \
-  "${DEFAULTS[@]}" \
-  --name "danube-pipeline-$(basename "$CONFIG" .yaml)" \
-  --packages "$PACKAGES" \
-  --archives "${ARCHIVE}#danube_spark" \
-  --conf spark.executorEnv.PYTHONPATH=danube_spark \
-  --conf spark.yarn.appMasterEnv.PYTHONPATH=danube_spark \
-  --conf "spark.pyspark.python=${PYTHON}" \
-  "${PASSTHROUGH[@]}" \
-  "$LAUNCHER" run "$CONFIG"
+SUBMIT=(spark-submit
+  "${DEFAULTS[@]}"
+  --name "danube-pipeline-$(basename "$CONFIG" .yaml)"
+  --packages "$PACKAGES"
+  --archives "${ARCHIVE}#danube_spark"
+  --conf spark.executorEnv.PYTHONPATH=danube_spark
+  --conf spark.yarn.appMasterEnv.PYTHONPATH=danube_spark
+  --conf "spark.pyspark.python=${PYTHON}"
+  "${PASSTHROUGH[@]}"
+  "$LAUNCHER" run "$CONFIG")
+
+[[ $VERBOSE -eq 0 ]] || exec "${SUBMIT[@]}"
+# SPARK_SUBMIT_OPTS reaches the JVM spark-submit starts, which is the driver in client mode,
+# before any other Java option; the quotes keep a path with spaces whole.
+export SPARK_SUBMIT_OPTS="-Dlog4j2.configurationFile=\"${ROOT}/conf/spark-log4j2.properties\"${SPARK_SUBMIT_OPTS:+ $SPARK_SUBMIT_OPTS}"
+# The filter ignores Ctrl-C (the JVM gets it too): it must stay to pass on what Spark prints
+# while it stops.
+exec "${SUBMIT[@]}" 2> >(trap '' INT; exec "$PYTHON" -m pipelines.ivy_output >&2)

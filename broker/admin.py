@@ -9,6 +9,7 @@
     topics unload /ns/t                     seed 003's move: the owner seals, the leader reassigns
     topics delete /ns/t                     a partitioned base deletes every partition
     topics storage /ns/t                    descriptors, cur pointer, sealed state and cursors
+                                            (of each partition, for a partitioned base name)
 
 Like Danube's admin it only writes metadata; the leader and the owning broker react through
 their watches. Output is one JSON object per line. `--root-prefix` (default: the config's
@@ -92,18 +93,25 @@ class Admin:
             _emit(self.out, deleted=name.broker_name)
 
     def topics_storage(self, topic: TopicName) -> None:
-        """Every storage key of the topic, decoded, then its cursors."""
+        """Every storage key of the topic, decoded, then its cursors; a partitioned base name
+        lists each partition in turn (every row names its `topic`)."""
+        for target in self.registry.inspection_targets(topic, self.storage_keys):
+            self._topic_storage(target)
+
+    def _topic_storage(self, topic: TopicName) -> None:
+        name = topic.broker_name
         for key, raw in self.metadata.get_prefix(self.storage_keys.objects_prefix(topic)):
             if parse_object_key(key) is None:
-                _emit(self.out, kind="cur", key=key, value=CurPointer.from_json(raw, key).to_value())
+                _emit(self.out, topic=name, kind="cur", key=key, value=CurPointer.from_json(raw, key).to_value())
             else:
-                _emit(self.out, kind="descriptor", key=key, value=ObjectDescriptor.from_json(raw, key).to_value())
+                _emit(self.out, topic=name, kind="descriptor", key=key,
+                      value=ObjectDescriptor.from_json(raw, key).to_value())
         state_key = self.storage_keys.state_key(topic)
-        raw = self.metadata.get(state_key)
-        _emit(self.out, kind="sealed_state", key=state_key,
-              value=SealedState.from_json(raw, state_key).to_value() if raw is not None else None)
-        for name, entry in sorted(self.registry.subscriptions(topic).items()):
-            _emit(self.out, kind="cursor", subscription=name, value=entry["cursor"])
+        state = self.metadata.get(state_key)
+        _emit(self.out, topic=name, kind="sealed_state", key=state_key,
+              value=SealedState.from_json(state, state_key).to_value() if state is not None else None)
+        for subscription, entry in sorted(self.registry.subscriptions(topic).items()):
+            _emit(self.out, topic=name, kind="cursor", subscription=subscription, value=entry["cursor"])
 
 
 def _topic(text: str) -> TopicName:

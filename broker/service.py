@@ -209,7 +209,8 @@ class BrokerService:
     # ---- topics served here -------------------------------------------------------------------
 
     async def _serving_topic(self, name: TopicName, delivery: str | None, schema_subject: str | None = None) -> Topic:
-        """The local topic; else TopicMovedError (exists elsewhere / just created) or NotFoundError."""
+        """The local topic; else TopicMovedError (exists elsewhere / just created), NotFoundError,
+        or the registry's ConflictError when the name clashes with a partitioned topic."""
         topic = self.topics.get(name)
         if topic is not None and topic.active:
             if delivery is not None and delivery != topic.delivery:
@@ -222,7 +223,7 @@ class BrokerService:
         try:
             await asyncio.to_thread(self.registry.create, name, delivery, schema_subject)
         except AlreadyExistsError:
-            pass  # created concurrently by another producer
+            pass  # created concurrently by another producer (a clash with partitions is a ConflictError)
         raise TopicMovedError(f"topic {name} was created; look it up again to find its broker")
 
     def on_assigned(self, topic: TopicName) -> None:

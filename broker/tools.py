@@ -13,11 +13,13 @@ Storage options are `key=value`; a dotted key nests (`client_kwargs.endpoint_url
 and a value that parses as JSON is taken as JSON (quote strings that look like numbers).
 
 `objects` prints one JSON line per object descriptor, then the `cur` pointer and the sealed
-state (null when absent), each tagged with `kind` and its etcd `key`.
+state (null when absent), each tagged with `kind` and its etcd `key`. A partitioned topic's
+base name (`/ns/t` of `/ns/t-part-0..N-1`) lists each partition in turn.
 
 Exit codes: 0 fine; 1 corrupt data (CRC mismatch, torn or undecodable frame, invalid etcd
 value: stderr names the file or key, the frame offset and byte position); 2 bad arguments;
-3 the file or etcd cannot be read.
+3 the file or etcd cannot be read, or the topic does not exist (no topic, partitions or
+storage keys of that name).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import json
 import logging
 import posixpath
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import fsspec
 
@@ -52,6 +54,9 @@ from danube_core.message import StreamMessage, decode_message
 from danube_core.topics import TopicName
 
 from broker.wal_files import DEFAULT_CHUNK_BYTES, FrameFileScanner
+
+if TYPE_CHECKING:
+    from danube_core.metadata import MetadataStore
 
 logger = logging.getLogger(__name__)
 
@@ -157,31 +162,42 @@ def _dump_frames(fh: Any, target: str, chunk_bytes: int, out: TextIO, err: TextI
 
 
 def list_objects(etcd: str, topic: TopicName, root_prefix: str, out: TextIO, err: TextIO) -> int:
-    """Print the topic's descriptors, `cur` and sealed state; returns the exit code."""
+    """Print the topic's descriptors, `cur` and sealed state (each partition's in turn, for a
+    partitioned base name); returns the exit code. NotFoundError for a name that is no topic."""
     from danube_core.metadata import EtcdMetadataStore
-    from danube_core.records import CurPointer, ObjectDescriptor, SealedState
+
+    from broker.topics_registry import TopicRegistry
 
     keys = StorageKeys(root_prefix)
-    cur_key, state_key = keys.cur_key(topic), keys.state_key(topic)
     status = EXIT_OK
     with EtcdMetadataStore(etcd) as store:
-        for key, raw in store.get_prefix(keys.objects_prefix(topic)):
-            if key == cur_key:
-                continue
-            try:
-                descriptor = ObjectDescriptor.from_json(raw, key)
-            except MetadataError as exc:
-                err.write(f"{exc}\n")
-                status = EXIT_CORRUPT
-                continue
-            _emit(out, "descriptor", key, descriptor.to_value())
-        for kind, key, record in (("cur", cur_key, CurPointer), ("state", state_key, SealedState)):
-            raw = store.get(key)
-            try:
-                _emit(out, kind, key, None if raw is None else record.from_json(raw, key).to_value())
-            except MetadataError as exc:
-                err.write(f"{exc}\n")
-                status = EXIT_CORRUPT
+        for target in TopicRegistry(store).inspection_targets(topic, keys):
+            status = max(status, _list_topic_objects(store, keys, target, out, err))
+    return status
+
+
+def _list_topic_objects(store: MetadataStore, keys: StorageKeys, topic: TopicName, out: TextIO, err: TextIO) -> int:
+    from danube_core.records import CurPointer, ObjectDescriptor, SealedState
+
+    cur_key, state_key = keys.cur_key(topic), keys.state_key(topic)
+    status = EXIT_OK
+    for key, raw in store.get_prefix(keys.objects_prefix(topic)):
+        if key == cur_key:
+            continue
+        try:
+            descriptor = ObjectDescriptor.from_json(raw, key)
+        except MetadataError as exc:
+            err.write(f"{exc}\n")
+            status = EXIT_CORRUPT
+            continue
+        _emit(out, "descriptor", key, descriptor.to_value())
+    for kind, key, record in (("cur", cur_key, CurPointer), ("state", state_key, SealedState)):
+        value = store.get(key)
+        try:
+            _emit(out, kind, key, None if value is None else record.from_json(value, key).to_value())
+        except MetadataError as exc:
+            err.write(f"{exc}\n")
+            status = EXIT_CORRUPT
     return status
 
 

@@ -18,6 +18,7 @@ import re
 
 from danube_core.keys import (
     BROKERS_PREFIX,
+    StorageKeys,
     assignment_key,
     delivery_key,
     namespace_topic_key,
@@ -48,12 +49,20 @@ from danube_core.records import (
 )
 from danube_core.topics import TopicName
 
-from broker.client_errors import AlreadyExistsError, InvalidRequestError, NotFoundError
+from broker.client_errors import AlreadyExistsError, ConflictError, InvalidRequestError, NotFoundError
 from broker.namespaces import Namespaces, present
 
 logger = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 4096
+PARTITIONS_LISTED = 8  # an error message names at most this many partitions
+
+
+def _listed(topics: list[TopicName]) -> str:
+    """`a, b, c` (the first few of many, then how many more)."""
+    shown = ", ".join(str(topic) for topic in topics[:PARTITIONS_LISTED])
+    more = len(topics) - PARTITIONS_LISTED
+    return f"{shown}, ... and {more} more" if more > 0 else shown
 
 
 class TopicRegistry:
@@ -84,6 +93,22 @@ class TopicRegistry:
             if match:
                 found.append((int(match.group(1)), topic))
         return [topic for _, topic in sorted(found, key=lambda pair: pair[0])]
+
+    def inspection_targets(self, name: TopicName, storage_keys: StorageKeys) -> list[TopicName]:
+        """The topics an inspection of `name` (admin `topics storage`, tools `objects`) covers:
+        what `partitions` answers (the topic, or a partitioned base's partitions), else `name`
+        alone if storage keys remain under it (a deleted topic's, one written by hand).
+        NotFoundError naming where it looked otherwise: printing `null`s for a name that is
+        nothing would read as an empty topic."""
+        self.metadata.sync_reads()
+        found = self.partitions(name)
+        if found:
+            return found
+        prefix = storage_keys.topic_prefix(name)
+        if self.metadata.get_prefix(prefix, keys_only=True):
+            return [name]
+        raise NotFoundError(f"topic {name} does not exist: no {namespace_topic_key(name)}, no partitions "
+                            f"{name}-part-N and no storage keys under {prefix}")
 
     def owner(self, topic: TopicName) -> int | None:
         """Broker id holding `/cluster/brokers/{id}/{ns}/{topic}`, if any."""
@@ -126,15 +151,24 @@ class TopicRegistry:
         return names
 
     def _check_partition_conflict(self, topic: TopicName) -> None:
+        """ConflictError (not AlreadyExistsError: `topic` itself does not exist, and the broker
+        takes AlreadyExistsError for a concurrent create) when `topic` clashes with a
+        partitioned topic; the message is what a producer's user reads, so it says what to do."""
         if topic.partition is not None:
             base = TopicName.parse(topic.base_name)
             if self.exists(base):
-                raise AlreadyExistsError(
-                    f"cannot create partition {topic}: the non-partitioned topic {base} exists; delete it first"
+                raise ConflictError(
+                    f"cannot create partition {topic}: {base} is a non-partitioned topic; create the producer "
+                    f"without partitions, or delete {base} first"
                 )
-        elif self.partitions(topic):
-            raise AlreadyExistsError(
-                f"cannot create topic {topic}: partitions {topic}-part-N exist; delete the partitioned topic first"
+            return
+        partitions = self.partitions(topic)
+        if partitions:
+            raise ConflictError(
+                f"cannot create topic {topic}: it is partitioned into {len(partitions)} partitions "
+                f"({_listed(partitions)}); create the producer with the partition count (danube-client: "
+                f"with_partitions({len(partitions)})) or publish to one partition, e.g. {partitions[0]}; "
+                "to make it a non-partitioned topic, delete the partitioned topic first"
             )
 
     # ---- producers and subscriptions --------------------------------------------------------

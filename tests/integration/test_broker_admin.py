@@ -4,15 +4,19 @@ delete; non-reliable topics fan out in memory and store nothing."""
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import os
 
 import pytest
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
-from danube_core.keys import assignment_key, delivery_key, namespace_topic_key
+from broker.admin import main as admin_main
+from danube_core.keys import StorageKeys, assignment_key, delivery_key, namespace_topic_key
 from danube_core.metadata import EtcdMetadataStore
 from danube_core.topics import TopicName
 from tests.integration.broker_process import run_admin, running_broker
+from tests.integration.test_tools import partitioned_topic_with_objects
 from tests.rig import eventually
 
 pytestmark = pytest.mark.integration
@@ -86,3 +90,38 @@ def test_non_reliable_topic_fans_out_in_memory_and_stores_nothing(broker, etcd_e
     assert not os.path.exists(os.path.join(broker.wal_dir, "default", name))
     storage = run_admin(etcd_endpoint, "topics", "storage", topic)
     assert [row for row in storage if row["kind"] == "descriptor"] == []
+
+
+def _admin(*argv: str) -> tuple[int, list[dict], str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = admin_main(list(argv), out, err)
+    return code, [json.loads(line) for line in out.getvalue().splitlines()], err.getvalue()
+
+
+def test_topics_storage_of_a_partitioned_base_name_lists_each_partition_not_null(etcd_endpoint, unique_name):
+    """Issue 30: `topics storage /default/orders` of a 3-partition topic printed one `null` only."""
+    base = TopicName("default", unique_name("orders"))
+    root = f"/{unique_name('root')}"
+    keys = StorageKeys(root)
+    with EtcdMetadataStore(etcd_endpoint) as store:
+        names = partitioned_topic_with_objects(store, base, keys, 3)
+        try:
+            code, rows, err = _admin("--etcd", etcd_endpoint, "--root-prefix", root, "topics", "storage", str(base))
+        finally:
+            for name in names:
+                store.delete(namespace_topic_key(name))
+            store.delete_prefix(root + "/")
+    assert (code, err) == (0, "")
+    assert [row["kind"] for row in rows].count("descriptor") == 1 + 2 + 3
+    assert [row["topic"] for row in rows] == [str(name) for name in names for _ in range(name.partition + 2)]
+    for name in names:
+        kinds = [row["kind"] for row in rows if row["topic"] == str(name)]
+        assert kinds == ["descriptor"] * (name.partition + 1) + ["sealed_state"]
+        assert all(row["key"].startswith(keys.topic_prefix(name)) for row in rows if row["topic"] == str(name))
+
+
+def test_topics_storage_of_a_topic_that_does_not_exist_exits_1_naming_it(etcd_endpoint, unique_name):
+    topic = f"/default/{unique_name('nothing')}"
+    code, rows, err = _admin("--etcd", etcd_endpoint, "topics", "storage", topic)
+    assert (code, rows) == (1, [])
+    assert err.count("\n") == 1 and f"topic {topic} does not exist" in err

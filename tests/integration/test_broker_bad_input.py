@@ -11,9 +11,11 @@ from danube import SubType
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
-from danube_core.keys import namespace_policy_key
+from broker.topics_registry import TopicRegistry
+from danube_core.keys import namespace_policy_key, namespace_topic_key
 from danube_core.metadata import EtcdMetadataStore
-from danube_core.records import Policies
+from danube_core.records import RELIABLE, Policies
+from danube_core.topics import TopicName
 from tests.integration.broker_process import expect_status, reliable_producer, running_broker
 
 pytestmark = pytest.mark.integration
@@ -83,3 +85,41 @@ def test_bad_requests_get_clear_statuses_and_store_nothing(broker, etcd_endpoint
         await consumer.close()
 
     asyncio.run(scenario())
+
+
+def test_producer_without_partitions_on_a_partitioned_topic_gets_the_conflict_not_unavailable(
+    broker, etcd_endpoint, unique_name
+):
+    """Issue 30: the registry's "partitions exist" conflict was swallowed as a concurrent create,
+    and the client retried on UNAVAILABLE "was created; look it up again" though nothing was."""
+    base = f"/default/{unique_name('orders')}"
+    plain = f"/default/{unique_name('plain')}"
+    with EtcdMetadataStore(etcd_endpoint) as store:
+        registry = TopicRegistry(store)
+        partitions = [str(name) for name in registry.create_partitioned(TopicName.parse(base), 3, RELIABLE)]
+        registry.create(TopicName.parse(plain), RELIABLE)
+
+    async def scenario() -> tuple[grpc.aio.AioRpcError, grpc.aio.AioRpcError]:
+        from danube import DanubeClientBuilder, DispatchStrategy
+
+        client = await DanubeClientBuilder().service_url(broker.url).build()
+        errors = []
+        for topic, partition_count in ((base, 0), (plain, 2)):
+            builder = (client.new_producer().with_topic(topic).with_name("p")
+                       .with_dispatch_strategy(DispatchStrategy.RELIABLE))
+            producer = (builder.with_partitions(partition_count) if partition_count else builder).build()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await producer.create()
+            errors.append(info.value)
+        return errors[0], errors[1]
+
+    unpartitioned, partitioned = asyncio.run(scenario())
+    assert unpartitioned.code() == grpc.StatusCode.FAILED_PRECONDITION, unpartitioned.details()
+    for words in (["partitioned", "with_partitions(3)", "publish to one partition"], partitions):
+        assert all(word in unpartitioned.details() for word in words), unpartitioned.details()
+    assert partitioned.code() == grpc.StatusCode.FAILED_PRECONDITION, partitioned.details()
+    assert f"{plain} is a non-partitioned topic" in partitioned.details()
+    with EtcdMetadataStore(etcd_endpoint) as store:
+        created = [name for name in (base, f"{plain}-part-0", f"{plain}-part-1")
+                   if store.get(namespace_topic_key(TopicName.parse(name))) is not None]
+    assert created == []

@@ -15,10 +15,10 @@ import s3fs
 
 from broker.tools import main
 from broker.wal import Wal, WalConfig
-from danube_core.keys import StorageKeys
+from danube_core.keys import StorageKeys, namespace_topic_key
 from danube_core.message import MessageID, StreamMessage
 from danube_core.metadata import EtcdMetadataStore
-from danube_core.records import CurPointer, ObjectDescriptor, SealedState
+from danube_core.records import NULL_JSON, CurPointer, ObjectDescriptor, SealedState
 from danube_core.topics import TopicName
 from tests.conftest import REPO_ROOT
 
@@ -198,3 +198,44 @@ def test_objects_lists_descriptors_cur_and_state(etcd_endpoint, unique_name):
 def test_objects_rejects_a_bad_topic_name(etcd_endpoint):
     code, _lines, err = run("objects", "--etcd", etcd_endpoint, "--topic", "no-slash")
     assert code == 2 and "no-slash" in err
+
+
+def partitioned_topic_with_objects(store: EtcdMetadataStore, base: TopicName, keys: StorageKeys,
+                                   partitions: int) -> list[TopicName]:
+    """Partitions `base-part-K` in the namespace index (as the registry creates them, without the
+    assignment markers a broker would react to), partition K holding K+1 one-object descriptors."""
+    names = [TopicName.partition_name(base, k) for k in range(partitions)]
+    for k, name in enumerate(names):
+        store.put(namespace_topic_key(name), NULL_JSON)
+        for start in range(k + 1):
+            descriptor = ObjectDescriptor(f"data-{start}-1700000030.dnb1", start, start, 95, None, 1700000031,
+                                          offset_index=[(start, 0)])
+            store.put(keys.object_key(name, start), descriptor.to_json())
+    return names
+
+
+def test_objects_of_a_partitioned_base_name_lists_each_partition_not_null(etcd_endpoint, unique_name):
+    """Issue 30: `objects --topic /default/orders` of a 3-partition topic printed `null`s only."""
+    base = TopicName("default", unique_name("orders"))
+    root = f"/{unique_name('root')}"
+    keys = StorageKeys(root)
+    with EtcdMetadataStore(etcd_endpoint) as store:
+        names = partitioned_topic_with_objects(store, base, keys, 3)
+        try:
+            code, lines, err = run("objects", "--etcd", etcd_endpoint, "--topic", str(base), "--root-prefix", root)
+        finally:
+            for name in names:
+                store.delete(namespace_topic_key(name))
+            store.delete_prefix(root + "/")
+    assert (code, err) == (0, "")
+    for name in names:
+        rows = [line for line in lines if line["key"].startswith(keys.topic_prefix(name))]
+        assert [row["kind"] for row in rows] == ["descriptor"] * (name.partition + 1) + ["cur", "state"]
+    assert len(lines) == sum(k + 3 for k in range(3))
+
+
+def test_objects_of_a_topic_that_does_not_exist_exits_3_naming_it(etcd_endpoint, unique_name):
+    topic = f"/default/{unique_name('nothing')}"
+    code, lines, err = run("objects", "--etcd", etcd_endpoint, "--topic", topic)
+    assert (code, lines) == (3, [])
+    assert err.count("\n") == 1 and f"topic {topic} does not exist" in err
