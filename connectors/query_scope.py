@@ -98,14 +98,14 @@ class QueryScope:
         start = covering_start(topic, offset)
         if start >= floor:
             return
-        window = self._store.get_range(self._storage.object_key(name, start), self._storage.object_key(name, floor),
+        window = self._store.get_range(self._floor_key(name, start), self._floor_key(name, floor),
                                        limit=WINDOW_DESCRIPTORS + 1)
         if len(window) > WINDOW_DESCRIPTORS:
             logger.info("%s: %s reads from offset %d, more than %d descriptors below the cached head; "
                         "that backlog is read from etcd as the query goes", self.cache, topic, offset,
                         WINDOW_DESCRIPTORS)
             return
-        self.cache.cover(self._storage.object_key(name, start), self._floor_key(name, floor))
+        self.cache.cover(self._floor_key(name, start), self._floor_key(name, floor))
         self._floors[topic] = start
 
     def advance(self, positions: Mapping[str, int]) -> None:
@@ -121,7 +121,10 @@ class QueryScope:
             top = min(position - 1, cur if cur is not None else floor)
             if top <= floor:
                 continue
-            below = self.cache.get_range(self._floor_key(name, floor), self._storage.object_key(name, top) + "\0")
+            window = (self._floor_key(name, floor), self._storage.object_key(name, top) + "\0")
+            if not self.cache.covers(*window):
+                continue  # not cached from the floor up (a listing under way): next trigger
+            below = self.cache.get_range(*window)
             start = keys.parse_object_key(below[-1][0]) if below else None
             if start is not None and start > floor:
                 self.cache.uncover(self._floor_key(name, floor), self._storage.object_key(name, start))
@@ -134,7 +137,7 @@ class QueryScope:
             name = TopicName.parse(topic)
             start = self._cached_cur(name)
             if start is not None and start < floor:
-                self.cache.cover(self._storage.object_key(name, start), self._floor_key(name, floor))
+                self.cache.cover(self._floor_key(name, start), self._floor_key(name, floor))
                 self._floors[topic] = start
 
     def _cached_cur(self, name: TopicName) -> int | None:
