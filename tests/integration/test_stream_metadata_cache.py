@@ -8,6 +8,7 @@ etcd is counted.
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 import uuid
@@ -23,9 +24,12 @@ from connectors.options import EtcdSettings, parse_options
 from connectors.query_scope import QueryScope
 from connectors.stream import DanubeStreamReader
 from danube_core.cached_store import CachedMetadataStore
+from danube_core.errors import MetadataCompactedError
+from danube_core.keys import cursor_key
 from danube_core.metadata import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
-from tests.rig import CountingStore
+from danube_core.records import dump_cursor
+from tests.rig import CountingStore, eventually
 from tests.topic_builder import TopicBuilder
 
 pytestmark = pytest.mark.integration
@@ -159,3 +163,80 @@ def test_descriptor_the_cache_has_not_seen_only_delays_never_skips(env, fail_on_
     else:
         skipped = offsets_read(plan_partitions(stale, options, {topic: 0}, {topic: 170}))
         assert skipped[:100] == list(range(100)) and len(skipped) < 170  # what the re-check prevents
+
+
+def test_a_cursor_older_than_the_oldest_retained_descriptor_is_data_loss_named(env):
+    """Retention deleted the descriptors (and WAL) holding 0..99 while the subscription's cursor
+    still points into them: resuming there names the topic and the offsets it cannot read."""
+    builder, metadata, topic = env["builder"], env["metadata"], env["topic"]
+    builder.append(100)
+    first = builder.upload()
+    builder.rotate()
+    builder.append(100)
+    builder.upload()
+    builder.rotate()
+    metadata.delete(builder.storage_keys.object_key(builder.topic, first.start_offset))
+    os.remove(builder.file_path(0))
+    subscription = env["options"]["subscription"]
+    metadata.put(cursor_key(builder.topic, subscription), dump_cursor(49))
+    strict = DanubeStreamReader(parse_options({**env["options"], "startingOffsets": "cursor"}))
+    try:
+        start = strict.initialOffset()
+        assert start["offsets"][topic] == 50
+        with pytest.raises(Exception) as lost:
+            end = strict.latestOffset(start, ReadAllAvailable())
+            strict.partitions(start, end)
+        message = str(lost.value)
+        assert topic in message and re.search(r"\b50\b", message) and re.search(r"\b(99|100)\b", message), message
+    finally:
+        strict.stop()
+    lenient = DanubeStreamReader(parse_options({**env["options"], "startingOffsets": "cursor",
+                                                "failOnDataLoss": "false"}))
+    try:
+        start = lenient.initialOffset()
+        end = lenient.latestOffset(start, ReadAllAvailable())
+        assert offsets_read(lenient.partitions(start, end)) == list(range(100, 200))
+        lenient.latestOffset(end, ReadAllAvailable())  # query progress names what was skipped so far
+        assert lenient.reportLatestOffset()["skippedOffsets"] == {topic: 50}
+    finally:
+        lenient.stop()
+
+
+def lose_watch_and_compact(reader: DanubeStreamReader, while_down) -> None:
+    """Break the stream's cache watch (as a lost etcd stream does), run `while_down`, compact
+    etcd past everything, and wait for the cache to have listed its spans again."""
+    state = reader._state
+    assert state is not None
+    cache, etcd = state.scope.cache, state.metadata
+    loads = cache.loads
+    cache._on_lost(cache._generation, MetadataCompactedError("watch broken by the test", etcd.current_revision()))
+    while_down()
+    etcd.compact(etcd.current_revision())
+    eventually(lambda: cache.loads > loads and cache.synced, deadline_s=30)
+
+
+def test_a_compaction_past_the_cache_while_its_watch_is_down_relists_and_the_query_goes_on(env, monkeypatch):
+    """The cache's watch breaks and etcd compacts past its revision meanwhile: the cache lists
+    its spans again (the topic's window, its keys, the cluster keys) and the query reads every
+    offset once, from objects uploaded while the watch was down too."""
+    builder = env["builder"]
+    monkeypatch.setattr(stream_module, "LAG_RECORD_INTERVAL_S", 1e9)
+    reader = DanubeStreamReader(parse_options({**env["options"], "startingOffsets": "earliest"}))
+    start, read = reader.initialOffset(), []
+
+    def upload_more() -> None:
+        builder.append(25)
+        builder.upload()
+
+    try:
+        for trigger in range(12):
+            upload_more()
+            if trigger == 5:
+                lose_watch_and_compact(reader, upload_more)
+            end = reader.latestOffset(start, ReadAllAvailable())
+            read.extend(offsets_read(reader.partitions(start, end)))
+            reader.commit(end)
+            start = end
+        assert read == list(range(len(read))) and len(read) == 25 * 13
+    finally:
+        reader.stop()
