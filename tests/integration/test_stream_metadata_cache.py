@@ -240,3 +240,31 @@ def test_a_compaction_past_the_cache_while_its_watch_is_down_relists_and_the_que
         assert read == list(range(len(read))) and len(read) == 25 * 13
     finally:
         reader.stop()
+
+
+def test_a_pattern_matching_nothing_yet_waits_and_reads_topics_as_they_appear(env, tmp_path, unique_name, s3_bucket,
+                                                                               moto_s3):
+    metadata = env["metadata"]
+    prefix = unique_name("later")
+    options = {k: v for k, v in env["options"].items() if k != "topic"}
+    reader = DanubeStreamReader(parse_options({**options, "topicPattern": f"/default/{prefix}-.*",
+                                               "startingOffsets": "earliest"}))
+    builders = []
+    try:
+        start = reader.initialOffset()
+        assert start["offsets"] == {}
+        assert reader.latestOffset(start, ReadAllAvailable()) == start  # nothing yet: it waits
+        store = ObjectStore(f"s3://{s3_bucket}", moto_s3.storage_options)
+        for k in range(2):
+            builders.append(TopicBuilder(metadata, store, str(tmp_path / "wal"), f"/default/{prefix}-{k}",
+                                         root_prefix=env["options"]["rootPrefix"]))
+            builders[-1].append(10 * (k + 1))
+            builders[-1].upload()
+        end = eventually(lambda: (e := reader.latestOffset(start, ReadAllAvailable()))["offsets"] and
+                         len(e["offsets"]) == 2 and e, deadline_s=30)
+        assert end["offsets"] == {f"/default/{prefix}-0": 10, f"/default/{prefix}-1": 20}
+        assert sorted(offsets_read(reader.partitions(start, end))) == sorted([*range(10), *range(20)])
+    finally:
+        reader.stop()
+        for builder in builders:
+            builder.close()
