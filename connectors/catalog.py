@@ -108,6 +108,10 @@ class TopicCatalog:
         matching = (t for t in known if regex.fullmatch(str(t)) or regex.fullmatch(t.base_name))
         return sorted(matching, key=_order)
 
+    def indexed(self, topics: Iterable[TopicName | str]) -> set[str]:
+        """Those of `topics` the namespace index lists now (a deleted topic's entry is gone)."""
+        return {str(t) for t in map(_topic, topics) if self._metadata.get(keys.namespace_topic_key(t)) is not None}
+
     def _indexed(self, namespace: str | None, prefix: str | None = None) -> list[TopicName]:
         """Topics in the namespace index: one namespace's, every namespace's, or those whose
         index key starts with `prefix`."""

@@ -100,6 +100,9 @@ class _DriverState:
         self.skipped: dict[str, int] = {}  # offsets skipped so far (failOnDataLoss=false)
         self.publish_times: dict[tuple[str, int], int] = {}  # (topic, offset) -> ms, for lag
         self.running_end: dict[str, int] | None = None  # end of the batch Spark planned last
+        self.indexed: set[str] = set()  # topics seen in the namespace index during this query
+        self.deleted: set[str] = set()  # of those, the ones whose index entry went away since
+        self.latest_seen: dict[str, int] = {}  # each topic's latest offset at the last trigger
 
     def topics(self, options: DanubeOptions) -> list[str]:
         """The topic partitions the query reads now, their keys cached from here on."""
@@ -185,10 +188,12 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         state = self._driver()
         self._commit_finished_batch(state, SourceOffset.from_json_dict(start))
-        topics = state.topics(self.options)
-        state.reads_from(SourceOffset.from_json_dict(start).positions)
-        begin = with_new_topics(SourceOffset.from_json_dict(start).positions, topics, state.catalog)
+        positions = SourceOffset.from_json_dict(start).positions
+        topics = self._drop_deleted(state, state.topics(self.options), positions)
+        state.reads_from({t: o for t, o in positions.items() if t not in state.deleted})
+        begin = with_new_topics(positions, topics, state.catalog)
         latest = {**begin, **state.catalog.latest_offsets(topics)}
+        state.latest_seen.update(latest)
         self._report_restarts(state, begin)
         if state.target is not None:
             latest = {**begin, **cap_at(latest, state.target)}
@@ -203,6 +208,32 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end == SourceOffset.from_json_dict(start).positions:
             return start  # nothing new: the same offset (a restarted run's lock must not look like data)
         return self._offset(end)
+
+    def _drop_deleted(self, state: _DriverState, topics: list[str], positions: Mapping[str, int]) -> list[str]:
+        """`topics` without those deleted while this query read them (§6.7: their namespace-index
+        entry is gone; the broker also deletes their storage keys and WAL). The offsets the query
+        knew of and had not read are data loss, named (or skipped and counted); a deleted topic
+        is not read again until it is created anew."""
+        from connectors.data_loss import report
+        from danube_core.keys import namespace_topic_key
+
+        present = state.catalog.indexed([*topics, *positions])
+        state.indexed |= present
+        state.deleted -= present  # created anew: read again (its offsets restart, reported as such)
+        for topic in sorted(state.indexed - present - state.deleted):
+            state.deleted.add(topic)
+            first = positions.get(topic)
+            if first is None:
+                continue
+            stop = max(first, state.latest_seen.get(topic, first))
+            why = (f"the topic was deleted while this query read it (its namespace-index entry "
+                   f"{namespace_topic_key(topic)} is gone): offsets from {first} on are not read")
+            if stop == first:
+                logger.warning("subscription %s: topic %s: %s", self.options.subscription, topic, why)
+                continue
+            lost = report(topic, first, stop, why, fail_on_data_loss=self.options.fail_on_data_loss)
+            state.skipped[topic] = state.skipped.get(topic, 0) + lost.count
+        return [t for t in topics if t not in state.deleted]
 
     def _commit_finished_batch(self, state: _DriverState, start: SourceOffset) -> None:
         """Commit the cursors of the batch that ended at `start`, if this process planned it.

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import statistics
 import time
 import uuid
 from typing import Iterator
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from connectors import stream as stream_module
 from connectors.batch import new_catalog
@@ -24,8 +25,8 @@ from connectors.options import EtcdSettings, parse_options
 from connectors.query_scope import QueryScope
 from connectors.stream import DanubeStreamReader
 from danube_core.cached_store import CachedMetadataStore
-from danube_core.errors import MetadataCompactedError
-from danube_core.keys import cursor_key
+from danube_core.errors import DataLossError, MetadataCompactedError
+from danube_core.keys import cursor_key, namespace_topic_key
 from danube_core.metadata import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import dump_cursor
@@ -268,3 +269,37 @@ def test_a_pattern_matching_nothing_yet_waits_and_reads_topics_as_they_appear(en
         reader.stop()
         for builder in builders:
             builder.close()
+
+
+def delete_topic(builder: TopicBuilder) -> None:
+    """What the broker's DeleteTopic does to a topic (§6.7): index entry, storage keys, WAL."""
+    builder.metadata.delete(namespace_topic_key(builder.topic))
+    builder.metadata.delete_prefix(builder.storage_keys.topic_prefix(builder.topic))
+    shutil.rmtree(os.path.dirname(builder.file_path(0)))
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_topic_deleted_while_a_stream_reads_it_is_named_and_its_unread_offsets_are_lost(env, fail_on_data_loss):
+    builder, topic = env["builder"], env["topic"]
+    builder.append(100)
+    builder.upload()
+    builder.append(50)
+    reader = DanubeStreamReader(parse_options({**env["options"], "startingOffsets": "earliest",
+                                               "failOnDataLoss": str(fail_on_data_loss).lower()}))
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadMaxRows(130))  # it knows of 150, reads 130
+        assert offsets_read(reader.partitions(start, end)) == list(range(130))
+        reader.commit(end)
+        delete_topic(builder)
+        if fail_on_data_loss:
+            with pytest.raises(DataLossError, match=rf"{re.escape(topic)}.*deleted.*\[130, 150\)|"
+                                                    rf"{re.escape(topic)}.*\[130, 150\).*deleted"):
+                reader.latestOffset(end, ReadAllAvailable())
+            return
+        assert reader.latestOffset(end, ReadAllAvailable()) == end  # nothing more to read
+        assert reader.reportLatestOffset()["skippedOffsets"] == {topic: 20}
+        assert reader.latestOffset(end, ReadAllAvailable()) == end  # reported once, not again
+        assert reader.reportLatestOffset()["skippedOffsets"] == {topic: 20}
+    finally:
+        reader.stop()
