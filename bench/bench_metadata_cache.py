@@ -36,9 +36,11 @@ import resource
 import statistics
 import subprocess
 import sys
+import re
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -223,6 +225,91 @@ def measure(endpoint: str, case: str, group: str, topic: str, *, starting: str, 
     return row
 
 
+# ---- the same stream as a real Spark query (--spark) ------------------------------------------
+
+RANGE_STARTED = re.compile(
+    r'^grpc_server_started_total\{grpc_method="Range",grpc_service="etcdserverpb.KV",[^}]*\} (\d+)$', re.M)
+SOURCE_RUNNER = "python_streaming_source_runner"
+
+
+def etcd_range_calls(endpoint: str) -> int:
+    """Range RPCs the etcd server has started (its own metrics: every client counted)."""
+    text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10).read().decode()
+    match = RANGE_STARTED.search(text)
+    return int(match.group(1)) if match else 0
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return float("nan")
+
+
+def source_runners() -> dict[int, float]:
+    """pid -> RSS (MB) of the Python processes Spark runs streaming sources' driver side in."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    if SOURCE_RUNNER.encode() in cmdline.read():
+                        found[int(entry)] = rss_mb(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def spark_case(spark, endpoint: str, case: str, group: str, topic: str, *, uploads_from: int,
+               args: argparse.Namespace) -> dict:
+    """`readStream.format("danube")` on `topic` from latest into the noop sink: start() -> first
+    progress, the source process's and the JVM's RSS, etcd range calls per trigger while objects
+    arrive (the etcd server's count; the query commits cursors from its source process)."""
+    jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
+    runners_before = set(source_runners())
+    jvm_before = rss_mb(jvm_pid)
+    uploader = Uploader(endpoint, topic, uploads_from, args.object_interval_ms / 1000)
+    df = (spark.readStream.format("danube").option("etcd.endpoints", endpoint)
+          .option("storage.url", "memory://bench-metadata-cache").option("walRoot", "none")
+          .option("topic", topic).option("subscription", f"spark-{uuid.uuid4().hex[:8]}")
+          .option("startingOffsets", "latest")
+          .option("failOnDataLoss", "false")  # its objects are descriptors only: nothing to read
+          .load())
+    with timed() as started:
+        query = df.writeStream.format("noop").trigger(processingTime=f"{args.spark_trigger_ms} milliseconds").start()
+        while not query.recentProgress:
+            if query.exception() is not None:
+                raise RuntimeError(f"case {case!r}: {query.exception()}")
+            time.sleep(0.02)
+    try:
+        runner = {pid: mb for pid, mb in source_runners().items() if pid not in runners_before}
+        uploader.start()
+        time.sleep(args.spark_trigger_ms / 1000 * 3)  # the first triggers, before counting
+        batches, ranges = len(query.recentProgress), etcd_range_calls(endpoint)
+        time.sleep(args.spark_seconds)
+        triggers = len(query.recentProgress) - batches
+        range_calls = etcd_range_calls(endpoint) - ranges
+        runner_rss = max(runner.values(), default=float("nan"))
+    finally:
+        uploader.stop()
+        query.stop()
+    row = {"case": case, "group": group, "start_wall_ms": round(started.wall_s * 1000, 1),
+           "source_process_rss_mb": round(runner_rss, 1), "jvm_rss_growth_mb": round(rss_mb(jvm_pid) - jvm_before, 1),
+           "triggers": triggers, "range_calls_per_trigger": round(range_calls / triggers, 3) if triggers else None,
+           "objects_added": uploader.next - uploads_from}
+    print(f"  spark {case}: first progress {row['start_wall_ms']:,.0f} ms, source process {row['source_process_rss_mb']} MB, "
+          f"{row['range_calls_per_trigger']} range calls/trigger", flush=True)
+    return row
+
+
+def spark_session():
+    from pyspark.sql import SparkSession
+
+    return (SparkSession.builder.master("local[2]").appName("bench-metadata-cache")
+            .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+
+
 def resume_near_head(endpoint: str, topic: str, head_descriptor: int, behind: int) -> str:
     """A subscription whose cursor is `behind` descriptors below the topic's head descriptor."""
     subscription = f"resume-{uuid.uuid4().hex[:8]}"
@@ -246,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triggers", type=int, default=60)
     parser.add_argument("--trigger-interval-ms", type=float, default=50.0)
     parser.add_argument("--object-interval-ms", type=float, default=100.0)
+    parser.add_argument("--spark", action="store_true",
+                        help="also run each cluster size as a real Spark query (start -> first progress, RSS)")
+    parser.add_argument("--spark-trigger-ms", type=int, default=500)
+    parser.add_argument("--spark-seconds", type=float, default=15.0, help="measured time per Spark query")
     args = parser.parse_args(argv)
     if args.child:
         return child_main(args.child)
@@ -253,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
 
     load_start = round(os.getloadavg()[0], 2)
     results: list[dict] = []
+    spark_rows: list[dict] = []
     writes: dict[str, float] = {}
+    spark = spark_session() if args.spark else None
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as work, \
             EmbeddedEtcd(data_dir=f"{work}/etcd", extra_flags=ETCD_FLAGS) as etcd:
         put_all(etcd.endpoint, [(keys.namespace_policy_key("bench"), Policies().to_json())])
@@ -272,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
                           args=args)
             head += row["objects_added"]
             results.append(row)
+            if spark is not None:
+                if not spark_rows:  # a first query warms the JVM up; its figures are not kept
+                    head += spark_case(spark, etcd.endpoint, "warm-up", "", STREAM_TOPIC, uploads_from=head,
+                                       args=args)["objects_added"]
+                spark_rows.append(spark_case(spark, etcd.endpoint, f"from latest, {size:,} topic(s)", "cluster size",
+                                             STREAM_TOPIC, uploads_from=head, args=args))
+                head += spark_rows[-1]["objects_added"]
         writes["long"] = write_topics(etcd.endpoint, [LONG_TOPIC], args.long_descriptors)
         print(f"wrote {args.long_descriptors:,} descriptors of {LONG_TOPIC} in {writes['long']:.0f}s", flush=True)
         for topic, count, name in ((STREAM_TOPIC, head, f"{args.descriptors:,}"),
@@ -296,10 +396,24 @@ def main(argv: list[str] | None = None) -> int:
         Column("range reads/trigger", "range_reads_per_trigger", "{:.2f}"),
     ], title=f"one stream's metadata costs; {args.triggers} triggers per case while objects arrive every "
              f"{args.object_interval_ms:.0f} ms; load at start {load_start}, at end {os.getloadavg()[0]:.2f}")
+    if spark_rows:
+        base = spark_rows[0]
+        for row in spark_rows:
+            for key in ("start_wall_ms", "source_process_rss_mb"):
+                row[f"{key}_ratio"] = round(row[key] / base[key], 3) if base[key] else None
+        print_table(spark_rows, [
+            Column("case", "case"), Column("first progress ms", "start_wall_ms", "{:,.0f}"),
+            Column("x", "start_wall_ms_ratio", "{:.2f}"), Column("source process MB", "source_process_rss_mb", "{:.1f}"),
+            Column("x", "source_process_rss_mb_ratio", "{:.2f}"), Column("JVM +MB", "jvm_rss_growth_mb", "{:.1f}"),
+            Column("triggers", "triggers"), Column("etcd range calls/trigger", "range_calls_per_trigger", "{:.2f}"),
+        ], title=f"the same stream as a real Spark query (local[2], noop sink, {args.spark_trigger_ms} ms trigger, "
+                 f"{args.spark_seconds:.0f} s measured; range calls counted by the etcd server)")
+        spark.stop()
     write_results("metadata_cache", {
         "machine": machine_info(), "load_average_1m_start": load_start,
         "load_average_1m_end": round(os.getloadavg()[0], 2), "arguments": vars(args),
         "write_seconds": {k: round(v, 1) for k, v in writes.items()}, "results": results,
+        "spark": spark_rows,
     })
     return 0
 

@@ -9,11 +9,12 @@ The catalog reads a `LocalCache` of the keys of the query's own topics (`connect
 the window of descriptors from the query's position to the head, `cur`, sealed states,
 subscriptions, the cluster keys naming their owners, their namespace-index entries), loaded
 once per topic and kept current by a watch, so a trigger plans from memory without etcd range
-reads, and neither the query's start nor its memory grows with the rest of the cluster. Writes (cursor
-commits, the lock, lag records) go to etcd; the values they compare against come from the
-cache (`CachedMetadataStore`), so a steady-state trigger reads nothing from etcd. A cache behind etcd can only make a trigger see
-less: a plan that finds offsets missing is made again from etcd (`plan_partitions(recheck=)`),
-and executors check what they read (CRC, offset continuity) as they always do.
+reads, and neither the query's start nor its memory grows with the rest of the cluster. Writes
+(cursor commits, the lock, lag records) go to etcd, compared against the values the writer
+last saw (`CursorWriter`), so a steady-state trigger reads nothing from etcd. A cache behind
+etcd can only make a trigger see less: a plan that finds offsets missing is made again from
+etcd (`plan_partitions(recheck=)`), and executors check what they read (CRC, offset
+continuity) as they always do.
 
 Offsets are `SourceOffset` JSON: end-exclusive positions per topic partition plus the
 subscription and etcd endpoints, so the cursor-committing listener can act on a progress
@@ -87,12 +88,12 @@ class _DriverState:
             self.lock.release()
             self.metadata.close()
             raise
-        # Reads come from the scope's cache (what the query's topics need), anything else
-        # from etcd; cursor and lag writes wait for the cache to hold them before later reads.
-        self.reads = CachedMetadataStore(self.metadata, self.scope.cache)
-        self.catalog = new_catalog(options, self.reads)  # plans from memory
+        # Reads come from the scope's cache (what the query's topics need), anything else from
+        # etcd. The writer's reads wait for the cache to hold its own writes; the catalog's never
+        # wait (it writes nothing, and no cursor or lag record changes a plan).
+        self.catalog = new_catalog(options, CachedMetadataStore(self.metadata, self.scope.cache))
         self.etcd_catalog = new_catalog(options, self.metadata)  # re-checks a plan that finds a gap
-        self.writer = CursorWriter(self.reads, options.subscription)
+        self.writer = CursorWriter(CachedMetadataStore(self.metadata, self.scope.cache), options.subscription)
         self.target: dict[str, int] | None = None  # Trigger.AvailableNow: read up to here
         self.last_batch_ms = time.monotonic() * 1000
         self.reported: dict | None = None

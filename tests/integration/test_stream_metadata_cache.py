@@ -303,3 +303,26 @@ def test_a_topic_deleted_while_a_stream_reads_it_is_named_and_its_unread_offsets
         assert reader.reportLatestOffset()["skippedOffsets"] == {topic: 20}
     finally:
         reader.stop()
+
+
+def test_cursor_commits_read_nothing_once_the_writer_knows_the_keys_and_recover_from_other_writers(env):
+    """The listener's and the source's commits compare against the values they last saw: a
+    steady run of commits sends etcd only the writes; another writer's change costs one failed
+    compare and a fresh read, never a cursor moved back."""
+    from connectors.cursor_commit import CursorWriter
+
+    topic, subscription = env["topic"], env["options"]["subscription"]
+    counted = CountingStore(EtcdMetadataStore(env["options"]["etcd.endpoints"]))
+    try:
+        writer = CursorWriter(counted, subscription)
+        assert writer.commit({topic: 10}) == {topic: 9}
+        reads = counted.reads
+        for end in (20, 30, 40):
+            assert writer.commit({topic: end}) == {topic: end - 1}
+        assert counted.reads == reads
+        env["metadata"].put(cursor_key(topic, subscription), dump_cursor(100))  # another writer
+        assert writer.commit({topic: 50}) == {}  # behind etcd's cursor: not moved back
+        assert env["metadata"].get(cursor_key(topic, subscription)) == dump_cursor(100)
+        assert writer.commit({topic: 200}) == {topic: 199}
+    finally:
+        counted.close()
