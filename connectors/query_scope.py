@@ -87,6 +87,17 @@ class QueryScope:
         if new:
             logger.info("%s: caching the metadata of %d more topic(s): %s", self.cache, len(new), new)
 
+    def forget(self, topics: Iterable[str]) -> None:
+        """Stop caching the storage and `/topics` keys of topics the query no longer reads (a
+        deleted topic); following one again lists them anew."""
+        for topic in topics:
+            floor = self._floors.pop(topic, None)
+            if floor is None:
+                continue
+            name = TopicName.parse(topic)
+            self.cache.uncover(self._floor_key(name, floor), prefix_end(self._storage.topic_prefix(name)))
+            self.cache.uncover(keys.topic_keys_prefix(name), prefix_end(keys.topic_keys_prefix(name)))
+
     def reach(self, topic: str, offset: int, covering_start: Callable[[str, int], int]) -> None:
         """The query reads `topic` from `offset`: lower the floor there if the window between
         is at most `WINDOW_DESCRIPTORS` descriptors (one bounded listing decides it).

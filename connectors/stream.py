@@ -106,8 +106,9 @@ class _DriverState:
         self.latest_seen: dict[str, int] = {}  # each topic's latest offset at the last trigger
 
     def topics(self, options: DanubeOptions) -> list[str]:
-        """The topic partitions the query reads now, their keys cached from here on."""
-        topics = topics_of(self.catalog, options)
+        """The topic partitions the query reads now (not the ones deleted while it read them),
+        their keys cached from here on."""
+        topics = [t for t in topics_of(self.catalog, options) if t not in self.deleted]
         self.scope.follow(topics)
         return topics
 
@@ -218,9 +219,11 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from connectors.data_loss import report
         from danube_core.keys import namespace_topic_key
 
-        present = state.catalog.indexed([*topics, *positions])
+        present = state.catalog.indexed([*topics, *positions, *state.deleted])
         state.indexed |= present
-        state.deleted -= present  # created anew: read again (its offsets restart, reported as such)
+        if state.deleted & present:  # created anew: read again (its offsets restart, reported as such)
+            state.deleted -= present
+            topics = state.topics(self.options)
         for topic in sorted(state.indexed - present - state.deleted):
             state.deleted.add(topic)
             first = positions.get(topic)
@@ -234,6 +237,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             lost = report(topic, first, stop, why, fail_on_data_loss=self.options.fail_on_data_loss)
             state.skipped[topic] = state.skipped.get(topic, 0) + lost.count
+        state.scope.forget(state.deleted)
         return [t for t in topics if t not in state.deleted]
 
     def _commit_finished_batch(self, state: _DriverState, start: SourceOffset) -> None:
