@@ -84,6 +84,7 @@ class TopicCatalog:
         # here is read from anywhere (batch reads), so its run audit covers its whole history.
         self._read_from: dict[str, int | None] = {}
         self._audited_from: dict[str, int] = {}  # topic -> descriptor key its run audit starts at
+        self._heads: dict[str, tuple] | None = None  # this trigger's heads, once `hold_heads` is called
 
     # ---- topics ---------------------------------------------------------------------------
 
@@ -193,6 +194,7 @@ class TopicCatalog:
         audited = self._audited_from.get(name)
         if audited is not None and offset is not None and offset < audited:
             self._audits.pop(name, None)
+            self._forget_head(name)
 
     # ---- snapshots ------------------------------------------------------------------------
 
@@ -255,9 +257,23 @@ class TopicCatalog:
         """Assignments and registrations, needed only when WAL dirs are per broker."""
         return ClusterView.read(self._metadata) if self._wal is not None and self._wal.per_broker else None
 
+    def hold_heads(self) -> None:
+        """Work out each topic's head at most once until the next call: a stream calls it once
+        per trigger, so `latestOffset` and `partitions` plan from one view of each topic and
+        its WAL is scanned once."""
+        self._heads = {}
+
     def _head(self, topic: TopicName, cluster: ClusterView | None
               ) -> tuple[ObjectDescriptor | None, SealedState | None, list[WalRun], int]:
         """(newest descriptor of the current run, sealed state, WAL chain, latest offset)."""
+        if self._heads is None:
+            return self._read_head(topic, cluster)
+        if str(topic) not in self._heads:
+            self._heads[str(topic)] = self._read_head(topic, cluster)
+        return self._heads[str(topic)]
+
+    def _read_head(self, topic: TopicName, cluster: ClusterView | None
+                   ) -> tuple[ObjectDescriptor | None, SealedState | None, list[WalRun], int]:
         cur, above = self._descriptors_above_cur(topic)
         raw = self._metadata.get(self._keys.state_key(topic))
         sealed = SealedState.from_json(raw, self._keys.state_key(topic)) if raw is not None else None
@@ -300,12 +316,17 @@ class TopicCatalog:
         uploaded = last.end_offset + 1 if last is not None else 0
         return self._wal.chain(topic, uploaded, cluster, sealed.broker_id if sealed else None)
 
+    def _forget_head(self, topic: str) -> None:
+        if self._heads is not None:
+            self._heads.pop(topic, None)
+
     # ---- runs and unread tails ------------------------------------------------------------
 
     def audit(self, topic: TopicName | str) -> RunAudit:
         """The topic's run audit (current run, stale sources, reused offsets), made now."""
         topic = _topic(topic)
         self._audits.pop(str(topic), None)
+        self._forget_head(str(topic))
         self._head(topic, self._cluster())
         return self._audits[str(topic)]
 

@@ -190,6 +190,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         state = self._driver()
         self._commit_finished_batch(state, SourceOffset.from_json_dict(start))
+        state.catalog.hold_heads()  # one view of each topic for this trigger, `partitions` included
         positions = SourceOffset.from_json_dict(start).positions
         topics = self._drop_deleted(state, state.topics(self.options), positions)
         state.reads_from({t: o for t, o in positions.items() if t not in state.deleted})
