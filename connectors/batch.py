@@ -9,14 +9,17 @@ cache (`connectors.stream`, `connectors.query_scope`).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from connectors.offsets import resolve_end, resolve_start
-from connectors.options import DanubeOptions
+from connectors.options import FAIL_ON_MISSING_TOPIC, DanubeOptions
 from connectors.partitions import DanubePartition, plan_partitions, read_partition
 from connectors.plain_errors import plain_config_errors, plain_iteration
+from danube_core import keys
+from danube_core.errors import ConfigError
+from danube_core.topics import TopicName
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -48,6 +51,43 @@ def new_catalog(options: DanubeOptions, reader: "MetadataStore | LocalCache") ->
     )
 
 
+class MissingTopics:
+    """Explicitly named topics the namespace index does not list: a typo, or a topic not
+    created yet. Each is named once (WARNING, with the topics its namespace has), or fails the
+    read with failOnMissingTopic=true; `now` says which are missing at the last check."""
+
+    def __init__(self, options: DanubeOptions) -> None:
+        self._options = options
+        self._named: set[str] = set()
+        self.now: list[str] = []
+
+    def check(self, catalog: "TopicCatalog", topics: Sequence[str]) -> list[str]:
+        """The topics of `topics` that exist; the others are named (once) or refused."""
+        if self._options.topics is None:
+            self.now = []
+            return list(topics)
+        present = catalog.indexed(topics)
+        self.now = [t for t in topics if t not in present]
+        for topic in self.now:
+            if topic not in self._named:
+                self._name(catalog, topic)
+        return [t for t in topics if t in present]
+
+    def _name(self, catalog: "TopicCatalog", topic: str) -> None:
+        name = TopicName.parse(topic)
+        known = [str(t) for t in catalog.namespace_topics(name.namespace)]
+        listed = ", ".join(known[:MISSING_TOPICS_LISTED]) + (" ..." if len(known) > MISSING_TOPICS_LISTED else "")
+        text = (f"topic {topic} does not exist (no {keys.namespace_topic_key(name)}); namespace "
+                f"{name.namespace} has {len(known)} topic(s){': ' + listed if known else ''}")
+        if self._options.fail_on_missing_topic:
+            raise ConfigError(f"option '{FAIL_ON_MISSING_TOPIC}'=true: {text}")
+        logger.warning("%s. It is read once it is created (option %s=true fails instead).", text, FAIL_ON_MISSING_TOPIC)
+        self._named.add(topic)
+
+
+MISSING_TOPICS_LISTED = 20
+
+
 def topics_of(catalog: "TopicCatalog", options: DanubeOptions) -> list[str]:
     """The topic partitions the options select, as broker names, in a stable order."""
     resolved = catalog.resolve_topics(
@@ -72,6 +112,7 @@ class DanubeBatchReader(DataSourceReader):
             if self.options.salvage is not None:
                 return self._salvage_partitions(catalog)
             topics = topics_of(catalog, self.options)
+            MissingTopics(self.options).check(catalog, topics)
             start = resolve_start(self.options.starting_for(streaming=False), topics, catalog, self.options.subscription)
             end = resolve_end(self.options.ending, topics, catalog)
             partitions = plan_partitions(catalog, self.options, start, end)

@@ -113,6 +113,10 @@ class TopicCatalog:
         """Those of `topics` the namespace index lists now (a deleted topic's entry is gone)."""
         return {str(t) for t in map(_topic, topics) if self._metadata.get(keys.namespace_topic_key(t)) is not None}
 
+    def namespace_topics(self, namespace: str) -> list[TopicName]:
+        """Every topic and partition the namespace index lists, in a stable order."""
+        return sorted(self._indexed(namespace), key=_order)
+
     def _indexed(self, namespace: str | None, prefix: str | None = None) -> list[TopicName]:
         """Topics in the namespace index: one namespace's, every namespace's, or those whose
         index key starts with `prefix`."""
@@ -131,7 +135,7 @@ class TopicCatalog:
             return [topic]
         parts = [t for t in known if t.partition is not None and t.base_name == topic.broker_name]
         if not parts:
-            logger.info("topic %s is not in the namespace index (yet); reading it as it appears", topic)
+            logger.debug("topic %s is not in the namespace index (yet); reading it as it appears", topic)
             return [topic]
         return parts
 

@@ -60,6 +60,7 @@ MAX_PARTITION_BYTES = "maxPartitionBytes"
 # ---- cursors and behaviour --------------------------------------------------------------------
 SUBSCRIPTION = "subscription"
 FAIL_ON_DATA_LOSS = "failOnDataLoss"
+FAIL_ON_MISSING_TOPIC = "failOnMissingTopic"
 INCLUDE_SOURCE = "includeSource"
 SALVAGE = "salvage"
 LOST_OFFSETS_LOCATION = "lostOffsetsLocation"
@@ -69,7 +70,8 @@ KNOWN_OPTIONS = (
     ETCD_TIMEOUT_MS, ROOT_PREFIX, STORAGE_URL, STORAGE_OPTIONS, WAL_ROOT, TOPIC, TOPIC_PATTERN,
     NAMESPACE, STARTING_OFFSETS, STARTING_TIMESTAMP, ENDING_OFFSETS, ENDING_TIMESTAMP,
     MAX_MESSAGES_PER_TRIGGER, MAX_BYTES_PER_TRIGGER, MIN_MESSAGES_PER_TRIGGER, MAX_TRIGGER_DELAY,
-    MAX_PARTITION_BYTES, SUBSCRIPTION, FAIL_ON_DATA_LOSS, INCLUDE_SOURCE, SALVAGE, LOST_OFFSETS_LOCATION,
+    MAX_PARTITION_BYTES, SUBSCRIPTION, FAIL_ON_DATA_LOSS, FAIL_ON_MISSING_TOPIC, INCLUDE_SOURCE, SALVAGE,
+    LOST_OFFSETS_LOCATION,
 )
 _BY_LOWER = {key.lower(): key for key in KNOWN_OPTIONS}
 
@@ -167,6 +169,7 @@ class DanubeOptions:
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
     subscription: str | None = None
     fail_on_data_loss: bool = True
+    fail_on_missing_topic: bool = False
     include_source: bool = False
     salvage: tuple[str, ...] | None = None  # object ids / WAL file URLs of an older run
     lost_offsets_location: str | None = None  # where executors record skipped offsets (connectors.loss_records)
@@ -229,6 +232,7 @@ def parse_options(raw: Mapping[str, str]) -> DanubeOptions:
         max_partition_bytes=values.size(opts, MAX_PARTITION_BYTES) or DEFAULT_MAX_PARTITION_BYTES,
         subscription=_subscription(opts),
         fail_on_data_loss=values.boolean(opts, FAIL_ON_DATA_LOSS, True),
+        fail_on_missing_topic=values.boolean(opts, FAIL_ON_MISSING_TOPIC, False),
         include_source=salvage is not None or values.boolean(opts, INCLUDE_SOURCE, False),
         salvage=salvage,
         lost_offsets_location=values.get(opts, LOST_OFFSETS_LOCATION) or None,

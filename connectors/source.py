@@ -146,6 +146,10 @@ class DanubeDataSource(DataSource):
                            it only losses the driver finds while planning are counted there;
                            executors' are logged. `storage.*` options apply when it has the
                            storage URL's scheme.
+      failOnMissingTopic   `false` (default): a `topic` that does not exist (yet) is named in
+                           a WARNING with the topics its namespace has, listed under
+                           `missingTopics` in query progress, gets no subscription record,
+                           and is read once it is created; `true`: the read fails instead.
       includeSource        `true` adds the column `source`: the object id or `wal`.
       salvage              batch only, with one `topic`: read these sources whole instead
                            of the topic's offset space: comma-separated object ids
@@ -173,7 +177,8 @@ class DanubeDataSource(DataSource):
     subscription's etcd record under `lag`. `skippedOffsets` counts per topic what
     failOnDataLoss=false skipped so far; `unreadTail` names, per topic, the broker whose WAL
     cannot be read, the first unread offset, and the highest offset etcd proves exists
-    (`atLeastThrough`, from subscription cursors; null when unknown).
+    (`atLeastThrough`, from subscription cursors; null when unknown). `missingTopics` lists
+    the named topics that do not exist (yet).
     """
 
     def __init__(self, options: MutableMapping[str, str]) -> None:

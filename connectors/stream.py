@@ -49,7 +49,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from connectors.batch import new_catalog, topics_of
+from connectors.batch import MissingTopics, new_catalog, topics_of
 from connectors.lag import measure_lag
 from connectors.partitions import plan_partitions, read_partition
 from connectors.offsets import SourceOffset, cap_at, message_counts, resolve_start, with_new_topics
@@ -104,12 +104,16 @@ class _DriverState:
         self.indexed: set[str] = set()  # topics seen in the namespace index during this query
         self.deleted: set[str] = set()  # of those, the ones whose index entry went away since
         self.latest_seen: dict[str, int] = {}  # each topic's latest offset at the last trigger
+        self.missing = MissingTopics(options)
 
     def topics(self, options: DanubeOptions) -> list[str]:
         """The topic partitions the query reads now (not the ones deleted while it read them),
-        their keys cached from here on."""
+        their keys cached from here on; a named topic that does not exist yet is named once
+        (`MissingTopics`) and gets its subscription record once it does."""
         topics = [t for t in topics_of(self.catalog, options) if t not in self.deleted]
         self.scope.follow(topics)
+        for topic in self.missing.check(self.catalog, topics):
+            self.writer.register(topic)
         return topics
 
     def reads_from(self, positions: Mapping[str, int]) -> None:
@@ -164,8 +168,6 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 state.catalog.read_from(topic, None)
         start = resolve_start(starting, topics, state.catalog, self.options.subscription)
         state.reads_from(start)
-        for topic in topics:
-            state.writer.register(topic)
         logger.info("subscription %s starts at %s", self.options.subscription, start)
         return self._offset(start)
 
@@ -297,6 +299,8 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         unread = state.catalog.unread_tails()
         if unread:
             state.reported["unreadTail"] = dict(sorted(unread.items()))
+        if state.missing.now:
+            state.reported["missingTopics"] = list(state.missing.now)
 
     def _admit(
         self, state: _DriverState, begin: dict[str, int], latest: dict[str, int], limit: ReadLimit,
@@ -333,7 +337,8 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         now = time.monotonic()
         if now - state.lag_recorded_at >= LAG_RECORD_INTERVAL_S:  # etcd writes, so not every batch
             for topic, value in lag.items():
-                state.writer.record_lag(topic, value)
+                if topic not in state.missing.now:  # no record under a topic that does not exist
+                    state.writer.record_lag(topic, value)
             state.lag_recorded_at = now
 
     def reportLatestOffset(self) -> dict | None:

@@ -7,6 +7,7 @@ etcd is counted.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -25,8 +26,8 @@ from connectors.options import EtcdSettings, parse_options
 from connectors.query_scope import QueryScope
 from connectors.stream import DanubeStreamReader
 from danube_core.cached_store import CachedMetadataStore
-from danube_core.errors import DataLossError, MetadataCompactedError
-from danube_core.keys import cursor_key, namespace_topic_key
+from danube_core.errors import ConfigError, DataLossError, MetadataCompactedError
+from danube_core.keys import cursor_key, namespace_topic_key, subscription_key, subscriptions_prefix
 from danube_core.metadata import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import dump_cursor
@@ -52,7 +53,8 @@ def env(etcd_endpoint, moto_s3, s3_bucket, tmp_path, unique_name) -> Iterator[di
         "storage.client_kwargs.region_name": "us-east-1",
         "walRoot": str(tmp_path / "wal"), "topic": topic, "subscription": unique_name("sub"),
     }
-    yield {"metadata": metadata, "builder": builder, "options": options, "topic": topic}
+    yield {"metadata": metadata, "builder": builder, "options": options, "topic": topic, "bucket": s3_bucket,
+           "storage_options": moto_s3.storage_options, "wal_root": str(tmp_path / "wal")}
     builder.close()
     metadata.delete_prefix(root + "/")
     metadata.close()
@@ -326,3 +328,41 @@ def test_cursor_commits_read_nothing_once_the_writer_knows_the_keys_and_recover_
         assert writer.commit({topic: 200}) == {topic: 199}
     finally:
         counted.close()
+
+
+def test_a_named_topic_that_does_not_exist_is_named_listed_and_not_registered_until_it_exists(env, caplog):
+    builder, metadata, topic = env["builder"], env["metadata"], env["topic"]
+    builder.append(5)
+    builder.upload()  # a topic of the namespace, listed in the warning
+    missing = topic + "-nope"
+    subscription = env["options"]["subscription"]
+    reader = DanubeStreamReader(parse_options({**env["options"], "topic": missing, "startingOffsets": "earliest"}))
+    late = None
+    try:
+        with caplog.at_level(logging.WARNING, logger="connectors.batch"):
+            start = reader.initialOffset()
+            end = reader.latestOffset(start, ReadAllAvailable())
+        warnings = [r.getMessage() for r in caplog.records if r.name == "connectors.batch" and missing in r.getMessage()]
+        assert len(warnings) == 1 and topic in warnings[0] and "failOnMissingTopic" in warnings[0], warnings
+        assert reader.reportLatestOffset()["missingTopics"] == [missing]
+        assert metadata.get_prefix(subscriptions_prefix(missing)) == []  # no record under a topic that is not
+        late = TopicBuilder(metadata, ObjectStore(f"s3://{env['bucket']}", env["storage_options"]),
+                            env["wal_root"], missing, root_prefix=env["options"]["rootPrefix"])
+        late.append(7)
+        late.upload()
+        end = eventually(lambda: (e := reader.latestOffset(start, ReadAllAvailable()))["offsets"].get(missing) and e,
+                         deadline_s=30)
+        assert offsets_read(reader.partitions(start, end)) == list(range(7))
+        assert "missingTopics" not in reader.reportLatestOffset()
+        assert metadata.get(subscription_key(missing, subscription)) is not None
+    finally:
+        reader.stop()
+        if late is not None:
+            late.close()
+    strict = DanubeStreamReader(parse_options({**env["options"], "topic": missing + "-too",
+                                               "failOnMissingTopic": "true"}))
+    try:
+        with pytest.raises(ConfigError, match=rf"failOnMissingTopic.*{re.escape(missing)}-too does not exist.*{re.escape(topic)}"):
+            strict.initialOffset()
+    finally:
+        strict.stop()

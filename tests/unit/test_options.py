@@ -139,6 +139,7 @@ def test_trigger_delay(value: str, ms: int) -> None:
         ("subscription", "a/b"),
         ("subscription", "has space"),
         ("failOnDataLoss", "yes"),
+        ("failOnMissingTopic", "maybe"),
         ("includeSource", "1"),
         ("storage.options", "[1]"),
         ("storage.options", "{bad"),
