@@ -5,8 +5,8 @@ trigger must follow the topic it reads, not the cluster: how many other topics e
 long the topic's history is. Each case runs what Spark's streaming-source process runs for a
 query (the `DanubeStreamReader` driver: etcd connection, subscription lock, metadata cache,
 `initialOffset`, then `latestOffset` + `partitions` per trigger) in a fresh Python process of
-its own, so its start, CPU and memory are its alone; its etcd connection is wrapped in a
-counting proxy.
+its own, so its start, CPU and memory are its alone (`--repeat` runs per case, medians
+reported); its etcd connection is wrapped in a counting proxy.
 
 Setup, one etcd (descriptors written straight into it, in transactions of 128 puts):
 
@@ -206,22 +206,29 @@ def child_main(spec_json: str) -> int:
 
 def measure(endpoint: str, case: str, group: str, topic: str, *, starting: str, subscription: str,
             uploads_from: int, args: argparse.Namespace) -> dict:
-    """One case in a child process, its topic receiving uploads meanwhile."""
-    spec = {"endpoint": endpoint, "topic": topic, "subscription": subscription, "starting": starting,
-            "triggers": args.triggers, "trigger_interval_s": args.trigger_interval_ms / 1000}
-    uploader = Uploader(endpoint, topic, uploads_from, args.object_interval_ms / 1000)
-    uploader.start()
-    try:
-        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
-                              text=True, timeout=1800)
-    finally:
-        uploader.stop()
-    if done.returncode != 0:
-        raise RuntimeError(f"case {case!r} failed:\n{done.stderr[-4000:]}")
-    row = json.loads(done.stdout.strip().splitlines()[-1])
-    row.update(case=case, group=group, objects_added=uploader.next - uploads_from)
-    print(f"  {case}: start {row['start_wall_ms']:,.0f} ms, rss +{row['rss_growth_mb']} MB, "
-          f"{row['range_reads_per_trigger']} range reads/trigger", flush=True)
+    """One case, `--repeat` times, each in a child process while its topic receives uploads;
+    every figure is the median of the repeats (the machine is shared)."""
+    runs, first = [], uploads_from
+    for _ in range(args.repeat):
+        spec = {"endpoint": endpoint, "topic": topic, "subscription": subscription, "starting": starting,
+                "triggers": args.triggers, "trigger_interval_s": args.trigger_interval_ms / 1000}
+        uploader = Uploader(endpoint, topic, uploads_from, args.object_interval_ms / 1000)
+        uploader.start()
+        try:
+            done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
+                                  text=True, timeout=1800)
+        finally:
+            uploader.stop()
+        if done.returncode != 0:
+            raise RuntimeError(f"case {case!r} failed:\n{done.stderr[-4000:]}")
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        uploads_from = uploader.next
+    row = {key: statistics.median(run[key] for run in runs) for key, value in runs[0].items()
+           if isinstance(value, (int, float))}
+    row.update(case=case, group=group, objects_added=uploads_from - first,
+               start_wall_ms_runs=[run["start_wall_ms"] for run in runs])
+    print(f"  {case}: start {row['start_wall_ms']:,.0f} ms (runs {row['start_wall_ms_runs']}), "
+          f"rss +{row['rss_growth_mb']} MB, {row['range_reads_per_trigger']} range reads/trigger", flush=True)
     return row
 
 
@@ -331,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-descriptors", type=int, default=1_000_000)
     parser.add_argument("--behind", type=int, default=5, help="descriptors a resuming cursor is behind the head")
     parser.add_argument("--triggers", type=int, default=60)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per case (figures are their medians)")
     parser.add_argument("--trigger-interval-ms", type=float, default=50.0)
     parser.add_argument("--object-interval-ms", type=float, default=100.0)
     parser.add_argument("--spark", action="store_true",
