@@ -53,6 +53,8 @@ class QueryScope:
         self._storage = keys.StorageKeys(options.root_prefix)
         self._per_broker = options.wal_root != WAL_NONE
         self._floors: dict[str, int] = {}  # topic -> offset of its lowest cached descriptor key
+        self._declined: dict[str, int] = {}  # topic -> an offset whose backlog was too long to cache
+        self._restart_declined: dict[str, int] = {}  # topic -> a restarted `cur` too far below to cache
         spans: list[tuple[str, str, Callable[[str], bool] | None]] = [
             (p, prefix_end(p), None) for p in _index_prefixes(options)]
         if self._per_broker:
@@ -66,10 +68,6 @@ class QueryScope:
 
     def close(self) -> None:
         self.cache.close()
-
-    @property
-    def topics(self) -> list[str]:
-        return sorted(self._floors)
 
     def follow(self, topics: Iterable[str]) -> None:
         """Cache the keys of topics the query reads from now on (each topic once)."""
@@ -100,24 +98,30 @@ class QueryScope:
 
     def reach(self, topic: str, offset: int, covering_start: Callable[[str, int], int]) -> None:
         """The query reads `topic` from `offset`: lower the floor there if the window between
-        is at most `WINDOW_DESCRIPTORS` descriptors (one bounded listing decides it).
+        is at most `WINDOW_DESCRIPTORS` descriptors (a longer backlog is asked about once).
         `covering_start(topic, offset)`: the key offset of the descriptor holding `offset`."""
         floor = self._floors.get(topic)
-        if floor is None or offset >= floor:
+        if floor is None or offset >= floor or offset >= self._declined.get(topic, floor):
             return
-        name = TopicName.parse(topic)
         start = covering_start(topic, offset)
-        if start >= floor:
-            return
-        window = self._store.get_range(self._floor_key(name, start), self._floor_key(name, floor),
-                                       limit=WINDOW_DESCRIPTORS + 1)
-        if len(window) > WINDOW_DESCRIPTORS:
+        if start < floor and not self._lower(topic, start, floor):
+            self._declined[topic] = offset
             logger.info("%s: %s reads from offset %d, more than %d descriptors below the cached head; "
                         "that backlog is read from etcd as the query goes", self.cache, topic, offset,
                         WINDOW_DESCRIPTORS)
-            return
+
+    def _lower(self, topic: str, start: int, floor: int) -> bool:
+        """Cache `topic`'s descriptors from `start` up to its floor if they are at most
+        `WINDOW_DESCRIPTORS` (one bounded listing decides); whether it did."""
+        name = TopicName.parse(topic)
+        window = self._store.get_range(self._floor_key(name, start), self._floor_key(name, floor),
+                                       limit=WINDOW_DESCRIPTORS + 1)
+        if len(window) > WINDOW_DESCRIPTORS:
+            return False
         self.cache.cover(self._floor_key(name, start), self._floor_key(name, floor))
         self._floors[topic] = start
+        self._declined.pop(topic, None)
+        return True
 
     def advance(self, positions: Mapping[str, int]) -> None:
         """Raise each topic's floor to the cached descriptor holding the offset before its
@@ -145,11 +149,13 @@ class QueryScope:
         """A topic whose `cur` went below its floor (a run restarted at a lower offset) has its
         floor lowered there, so its new run's descriptors are cached again."""
         for topic, floor in list(self._floors.items()):
-            name = TopicName.parse(topic)
-            start = self._cached_cur(name)
-            if start is not None and start < floor:
-                self.cache.cover(self._floor_key(name, start), self._floor_key(name, floor))
-                self._floors[topic] = start
+            start = self._cached_cur(TopicName.parse(topic))
+            if start is None or start >= floor or self._restart_declined.get(topic) == start:
+                continue
+            if not self._lower(topic, start, floor):
+                self._restart_declined[topic] = start  # asked once per `cur`
+                logger.info("%s: %s restarted at offset %d, more than %d descriptors below the cached "
+                            "ones; they are read from etcd", self.cache, topic, start, WINDOW_DESCRIPTORS)
 
     def _cached_cur(self, name: TopicName) -> int | None:
         raw = self.cache.get(self._storage.cur_key(name))
