@@ -9,10 +9,10 @@ import pytest
 from connectors.options import parse_options
 from connectors.query_scope import WINDOW_DESCRIPTORS, QueryScope
 from danube_core import keys
-from danube_core.metadata import MemoryMetadataStore
+from danube_core.metadata import MemoryMetadataStore, MetadataStore
 from danube_core.records import CurPointer
 from danube_core.topics import TopicName
-from tests.rig import eventually
+from tests.rig import CountingStore, eventually
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def put_topic(store: MemoryMetadataStore, topic: str, descriptors: int, broker: 
     store.put(keys.subscription_key(name, "s"), b"{}")
 
 
-def scope_of(store: MemoryMetadataStore, topic: str, **extra: str) -> QueryScope:
+def scope_of(store: MetadataStore, topic: str, **extra: str) -> QueryScope:
     options = parse_options({"etcd.endpoints": "127.0.0.1:1", "storage.url": "memory://scope", "topic": topic,
                              "subscription": "s", **extra})
     return QueryScope(store, options, name="test").start()
@@ -79,15 +79,20 @@ def test_the_window_reaches_down_to_the_query_and_moves_up_behind_it():
             scope.close()
 
 
-def test_a_backlog_longer_than_the_window_is_not_cached():
+def test_a_backlog_longer_than_the_window_is_not_cached_and_asked_about_once():
     with MemoryMetadataStore() as store:
         topic = "/default/long"
         put_topic(store, topic, WINDOW_DESCRIPTORS + 10)
-        scope = scope_of(store, topic, walRoot="none")
+        counted = CountingStore(store)
+        scope = scope_of(counted, topic, walRoot="none")  # type: ignore[arg-type]
         try:
             scope.follow([topic])
             scope.reach(topic, 0, covering_start)
             assert descriptor_keys(scope, topic) == [(WINDOW_DESCRIPTORS + 9) * PER_DESCRIPTOR]
+            asked = counted.calls.get("get_range", 0)
+            for offset in (10, 500, 4000):  # later triggers, the query catching up
+                scope.reach(topic, offset, covering_start)
+            assert counted.calls.get("get_range", 0) == asked == 1
         finally:
             scope.close()
 
