@@ -99,7 +99,7 @@ def _admin(*argv: str) -> tuple[int, list[dict], str]:
 
 
 def test_topics_storage_of_a_partitioned_base_name_lists_each_partition_not_null(etcd_endpoint, unique_name):
-    """Issue 30: `topics storage /default/orders` of a 3-partition topic printed one `null` only."""
+    """Regression: `topics storage /default/orders` of a 3-partition topic printed one `null` only."""
     base = TopicName("default", unique_name("orders"))
     root = f"/{unique_name('root')}"
     keys = StorageKeys(root)

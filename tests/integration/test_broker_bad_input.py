@@ -90,7 +90,7 @@ def test_bad_requests_get_clear_statuses_and_store_nothing(broker, etcd_endpoint
 def test_producer_without_partitions_on_a_partitioned_topic_gets_the_conflict_not_unavailable(
     broker, etcd_endpoint, unique_name
 ):
-    """Issue 30: the registry's "partitions exist" conflict was swallowed as a concurrent create,
+    """Regression: the registry's "partitions exist" conflict was swallowed as a concurrent create,
     and the client retried on UNAVAILABLE "was created; look it up again" though nothing was."""
     base = f"/default/{unique_name('orders')}"
     plain = f"/default/{unique_name('plain')}"

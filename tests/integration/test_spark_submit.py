@@ -68,7 +68,7 @@ def test_spark_submit_runs_a_pipeline_on_a_local_master(etcd_endpoint, tmp_path,
         # query's offset log records the value each batch ran with.
         assert shuffle_partitions(tmp_path / "checkpoint") == {"7"}
         assert "spark.sql.shuffle.partitions=7)" in done.stdout  # the driver's Python logs to stdout
-        # Issue 30: Spark logs at WARN by default, and Ivy's report only comes with a download.
+        # Spark logs at WARN by default, and Ivy's report only comes with a download.
         assert [line for line in done.stderr.splitlines() if " INFO " in line] == [], done.stderr[-3000:]
         assert ":: resolution report ::" not in done.stderr or "downloading " in done.stderr, done.stderr[-3000:]
 

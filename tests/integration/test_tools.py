@@ -215,7 +215,7 @@ def partitioned_topic_with_objects(store: EtcdMetadataStore, base: TopicName, ke
 
 
 def test_objects_of_a_partitioned_base_name_lists_each_partition_not_null(etcd_endpoint, unique_name):
-    """Issue 30: `objects --topic /default/orders` of a 3-partition topic printed `null`s only."""
+    """Regression: `objects --topic /default/orders` of a 3-partition topic printed `null`s only."""
     base = TopicName("default", unique_name("orders"))
     root = f"/{unique_name('root')}"
     keys = StorageKeys(root)

@@ -54,7 +54,7 @@ def submit(tmp_path: Path, *flags: str) -> tuple[subprocess.CompletedProcess, di
 
 
 def test_spark_logs_warnings_only_and_cached_ivy_output_is_hidden_by_default(tmp_path):
-    """Issue 30: every run printed ~1,300 INFO lines and Ivy's full resolution report."""
+    """Regression: every run printed ~1,300 INFO lines and Ivy's full resolution report."""
     done, record = submit(tmp_path, "--master", "local[1]")
     assert record["opts"] == f'-Dlog4j2.configurationFile="{LOG4J}"'
     assert "rootLogger.level = warn" in LOG4J.read_text().splitlines()
