@@ -2,7 +2,11 @@
 
 `run` blocks until an availableNow pipeline has read everything, or until SIGINT/SIGTERM stops a
 processingTime pipeline (the batch in flight is replayed on the next start: exactly once).
-Exit codes: 0 done, 1 the query failed, 2 bad configuration.
+Before Spark starts, the pipeline file, etcd, storage and the registry subject are checked
+(`pipelines.preflight`): a mistake there is one line on stderr naming the key to fix, with the
+traceback only under `--log-level DEBUG`. The session is stopped before the process exits.
+Exit codes: 0 done, 1 the query failed, 2 bad configuration (file, options, registry subject),
+3 etcd or storage unreachable or refusing access.
 """
 
 from __future__ import annotations
@@ -11,8 +15,14 @@ import argparse
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from danube_core.errors import ConfigError
+from danube_core.errors import ConfigError, MetadataError, ObjectStoreError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger("pipelines")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,8 +45,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(data_dir=args.data_dir, messages=args.messages)
     except ConfigError as exc:
-        logging.getLogger("pipelines").error("%s", exc)
-        return 2
+        return _refused(exc, 2)
+    except (MetadataError, ObjectStoreError) as exc:  # raised here only before the query starts
+        return _refused(exc, 3)
+
+
+def _refused(exc: Exception, code: int) -> int:
+    """One line on stderr naming what to fix (the traceback too at DEBUG); `code` back."""
+    logger.debug("traceback", exc_info=exc)
+    print(f"error: {exc}", file=sys.stderr)
+    return code
 
 
 def _run(path: str) -> int:
@@ -47,7 +65,7 @@ def _run(path: str) -> int:
     runner = PipelineRunner(config)
 
     def stop(signum: int, _frame: object) -> None:
-        logging.getLogger("pipelines").info("signal %d: stopping pipeline %s", signum, config.name)
+        logger.info("signal %d: stopping pipeline %s", signum, config.name)
         runner.request_stop()  # not runner.stop(): no Spark call from inside a blocked Spark call
 
     signal.signal(signal.SIGTERM, stop)
@@ -55,12 +73,28 @@ def _run(path: str) -> int:
     try:
         metrics = runner.run()
     except Exception as exc:  # a StreamingQueryException carries the batch's own error
-        logging.getLogger("pipelines").error("pipeline %s failed: %s", config.name, exc)
+        logger.error("pipeline %s failed: %s", config.name, exc)
         return 1
     finally:
         runner.stop()
-    logging.getLogger("pipelines").info("pipeline %s finished: %s", config.name, metrics.totals())
+        _stop_session(runner.spark)
+    logger.info("pipeline %s finished: %s", config.name, metrics.totals())
     return 0
+
+
+def _stop_session(spark: SparkSession) -> None:
+    """Stop the session while this process still answers Py4J callbacks.
+
+    Stopping it delivers the listener events still queued (the last batch's progress, the
+    query's termination) to the Python listeners (connectors' `DanubeCursorCommitter`). Left
+    to the JVM's shutdown hook, which runs after Python has exited, each of them fails with
+    "ERROR StreamingQueryListenerBus: Listener PythonStreamingQueryListenerWrapper threw an
+    exception ... Py4JException".
+    """
+    try:
+        spark.stop()
+    except Exception as exc:  # a JVM that already died: nothing left to stop
+        logger.warning("could not stop the Spark session: %s", exc)
 
 
 if __name__ == "__main__":

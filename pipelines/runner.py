@@ -2,9 +2,10 @@
 
 `python -m pipelines run <file>`, `./spark-submit.sh run <file>`, the demo, the notebooks and
 the tests all go through `PipelineRunner`, so every entry point runs the same code. Everything
-that can be checked before the query starts is (the YAML, the source options, the
-expectation suite, the registry subject, the checkpoint against the Delta tables), so a mistake
-fails in seconds with its key named.
+that can be checked before the query starts is (the YAML, the source options; before the
+Spark session starts, etcd, storage and the registry subject, `pipelines.preflight`; then the
+expectation suite and the checkpoint against the Delta tables), so a mistake fails in seconds
+with its key named.
 
 A pipeline whose checkpoint was deleted, moved or replaced while its tables hold batches written
 under the old one does not start: `CheckpointMismatchError` names the table, the txnAppId, the
@@ -34,6 +35,7 @@ from pipelines.decode import Decoder
 from pipelines.delta_sink import DeltaBatchWriter
 from pipelines.expectations import QualityGate
 from pipelines.metrics import PipelineMetrics
+from pipelines.preflight import check_services
 from pipelines.schema_registry import SubjectSchemas
 
 logger = logging.getLogger(__name__)
@@ -121,9 +123,13 @@ class PipelineRunner:
             parsed = opt.parse_options(self.options)
         except ConfigError as exc:
             raise ConfigError(f"{config.file}: source: {exc}") from exc
+        # Before the session, which takes tens of seconds to start: a wrong etcd endpoint,
+        # storage URL or subject fails in about a second, naming the key to fix.
+        check_services(config, self.options)
         self.metrics = PipelineMetrics()
-        # The session comes first: great-expectations' Spark datasource would otherwise create
-        # a plain one (without the Delta and Avro packages) that every later getOrCreate reuses.
+        # The session comes before the quality gate: great-expectations' Spark datasource would
+        # otherwise create a plain one (without the Delta and Avro packages) that every later
+        # getOrCreate reuses.
         self.spark = spark or _session(config)
         credentials = {k: v for k, v in self.options.items() if k.lower().startswith("etcd.") and k != opt.ETCD_ENDPOINTS}
         if credentials:  # the cursor-committing listener needs the source's etcd credentials/TLS
@@ -131,8 +137,6 @@ class PipelineRunner:
         self.gate = QualityGate(config.expectations) if config.expectations is not None else None
         self.metadata: MetadataStore = parsed.etcd.connect()
         schemas = SubjectSchemas(self.metadata, config.decode.subject) if config.decode.subject else None
-        if schemas is not None:
-            schemas.subject_metadata()  # fail fast on an unknown subject
         self.decoder = Decoder(config.decode, schemas)
         self.query: StreamingQuery | None = None
         self._writer: DeltaBatchWriter | None = None
