@@ -1,7 +1,9 @@
 """Admin CLI: `python -m speedlayer admin --masters h:p[,h:p] admit|status|workers|drain|quota ...`.
 
 Output is JSON (one object), so scripts can read it; a refused request prints the master's
-status code and message to stderr and exits 1.
+status code and message to stderr and exits 1. So does a wrong `--masters`, within the connect
+timeout: one line naming each address and why it was not reached, or that the server there is
+not a master (`MastersUnreachableError`, `WrongServerError`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import uuid
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from speedlayer.client import ManagementClient, delta_request
+from speedlayer.client import DEFAULT_CONNECT_TIMEOUT_S, ManagementClient, delta_request
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     admin = sub.add_parser("admin", help="admin CLI over the ManagementService")
     admin.add_argument("--masters", required=True, help="host:port of one or more masters (comma-separated)")
     admin.add_argument("--deadline-s", type=float, default=30.0, help="give up retrying after this long")
+    admin.add_argument("--connect-timeout-s", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                       help="give up on a master that accepts no connection within this long")
     commands = admin.add_subparsers(dest="admin_command", required=True)
     admit = commands.add_parser("admit", help="admit a Delta table (or an Iceberg table) as a dataset")
     admit.add_argument("--tenant", required=True)
@@ -30,7 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     admit.add_argument("--iceberg", help="Iceberg table as catalog.database.table")
     admit.add_argument("--partition", action="append", default=[],
                        help="col=value[,col=value] to load (repeatable; default: every partition)")
-    admit.add_argument("--replication", type=int, default=0)
+    admit.add_argument("--replication", type=int, default=0,
+                       help="replicas wanted, each on its own worker (0: replication_factor of /tenants/{t}/config, "
+                            "else of /config/global, default 2); given again for an admitted version, changes its epoch's")
     admit.add_argument("--request-id", help="idempotency key (default: a new one; reuse it to retry)")
     status = commands.add_parser("status", help="a dataset's epochs and their replicas")
     status.add_argument("--tenant", required=True)
@@ -76,7 +82,12 @@ def _admit_request(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    client = ManagementClient(args.masters, deadline_s=args.deadline_s)
+    try:
+        client = ManagementClient(args.masters, deadline_s=args.deadline_s, connect_timeout_s=args.connect_timeout_s)
+    except ValueError as exc:
+        print(f"error: --masters {args.masters!r}, --connect-timeout-s {args.connect_timeout_s}: {exc}",
+              file=sys.stderr)
+        return 2
     try:
         command = args.admin_command
         if command == "admit":
@@ -90,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             reply = client.quota(args.tenant, args.memory_bytes, args.source_root)
     except grpc.RpcError as exc:
-        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(f"error: {exc.code().name}: {' '.join((exc.details() or '').split())}", file=sys.stderr)
         return 1
     finally:
         client.close()

@@ -5,6 +5,13 @@ Given one or more master addresses, each call goes to the last known leader; a f
 UNAVAILABLE names the leader (`leader-address`), so the client goes there after the
 `retry-after-ms` hint; an unreachable master makes it try the next. Retries end at
 `deadline_s`; other errors are raised as `grpc.RpcError` with the master's status code.
+
+A connection is given `connect_timeout_s` (a closed port fails at once). A client that has
+never reached a master and finds none of them reachable raises `MastersUnreachableError`
+(naming each address and why) instead of retrying until `deadline_s`: a wrong `--masters`
+gets its answer within the connect timeout. Once a master answered, an outage of all of them
+(restarts, a failover) is retried until the deadline as before. A server without the
+ManagementService (another port) raises `WrongServerError`.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ import grpc
 
 from speedlayer.api.v1 import management_service_pb2 as mg
 from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc
-from speedlayer.transport.leader_gate import leader_hint
+from speedlayer.errors import MASTERS_CHECK, MastersUnreachableError, WrongServerError
+from speedlayer.transport.leader_gate import answered, leader_hint
 
 logger = logging.getLogger(__name__)
 
@@ -34,32 +42,61 @@ def __getattr__(name: str):
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
                    ("grpc.max_send_message_length", 64 * 1024 * 1024)]
+DEFAULT_CONNECT_TIMEOUT_S = 2.0
+
+
+def connect_options(connect_timeout_s: float) -> list[tuple[str, int]]:
+    """gRPC channel options bounding one connection attempt by `connect_timeout_s` (gRPC's own
+    minimum is 20 s: a host that accepts nothing would hold a call for that long)."""
+    millis = max(1, int(connect_timeout_s * 1000))
+    return [("grpc.min_reconnect_backoff_ms", millis), ("grpc.initial_reconnect_backoff_ms", millis)]
 
 
 class ManagementClient:
-    def __init__(self, masters: str | list[str], *, deadline_s: float = 30.0, call_timeout_s: float = 10.0) -> None:
+    """The ManagementService of the masters at `masters` (`host:port`, a list or comma-separated)."""
+
+    def __init__(self, masters: str | list[str], *, deadline_s: float = 30.0, call_timeout_s: float = 10.0,
+                 connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         self.masters = [m.strip() for m in (masters.split(",") if isinstance(masters, str) else masters) if m.strip()]
         if not self.masters:
             raise ValueError("masters: expected at least one host:port")
-        self.deadline_s, self.call_timeout_s = deadline_s, call_timeout_s
+        if connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s={connect_timeout_s}: expected > 0")
+        self.deadline_s, self.call_timeout_s, self.connect_timeout_s = deadline_s, call_timeout_s, connect_timeout_s
         self._target = self.masters[0]
         self._channels: dict[str, grpc.Channel] = {}
+        self._reached = False  # some master answered this client (then outages are retried)
 
     def _stub(self, target: str) -> mg_grpc.ManagementServiceStub:
         if target not in self._channels:
-            self._channels[target] = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+            self._channels[target] = grpc.insecure_channel(
+                target, options=CHANNEL_OPTIONS + connect_options(self.connect_timeout_s))
         return mg_grpc.ManagementServiceStub(self._channels[target])
 
     def call(self, method: str, request: Any) -> Any:
         deadline = time.monotonic() + self.deadline_s
         index = self.masters.index(self._target) if self._target in self.masters else 0
+        unreached: dict[str, str] = {}  # this call's addresses no connection was made to, and why
         while True:
             try:
-                return getattr(self._stub(self._target), method)(request, timeout=self.call_timeout_s)
+                reply = getattr(self._stub(self._target), method)(request, timeout=self.call_timeout_s)
+                self._reached = True
+                return reply
             except grpc.RpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                code = exc.code()
+                if code == grpc.StatusCode.UNIMPLEMENTED and not answered(exc):
+                    raise WrongServerError(self._target, "master", exc.details() or "", MASTERS_CHECK) from exc
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._reached = True
                     raise
                 leader, retry_ms = leader_hint(exc)
+                if code == grpc.StatusCode.UNAVAILABLE and not answered(exc):
+                    unreached[self._target] = exc.details() or code.name
+                    if not self._reached and set(self.masters) <= set(unreached):
+                        raise MastersUnreachableError(
+                            {m: unreached[m] for m in self.masters}, self.connect_timeout_s) from exc
+                else:
+                    self._reached = True
                 if time.monotonic() + retry_ms / 1000 > deadline:
                     raise
                 if leader:
@@ -68,7 +105,8 @@ class ManagementClient:
                     index = (index + 1) % len(self.masters)
                     self._target = self.masters[index]
                 logger.debug("%s: %s; next try at %s in %d ms", method, exc.details(), self._target, retry_ms)
-                time.sleep(min(retry_ms, 2000) / 1000)
+                if self._reached or self._target in unreached:  # else: a master not tried yet, at once
+                    time.sleep(min(retry_ms, 2000) / 1000)
 
     def admit(self, request: mg.AdmitDatasetRequest) -> mg.AdmitDatasetResponse:
         return self.call("AdmitDataset", request)

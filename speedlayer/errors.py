@@ -41,6 +41,19 @@ class NotFoundError(SpeedLayerError):
     status_name = "NOT_FOUND"
 
 
+class UnknownTenantError(NotFoundError):
+    """A tenant the speed layer has nothing of: no workers, datasets or configuration (a typo,
+    most likely). Other tenants are not named: see `unknown_tenant`."""
+
+
+def unknown_tenant(tenant: str, check: str) -> UnknownTenantError:
+    """The error for `tenant`, which the speed layer does not know. It names no other tenant: a
+    caller is only as trusted as the tenant it claims (a header, a token where configured), and
+    other tenants' names are not its to learn (tenants are isolated, seed §7)."""
+    return UnknownTenantError(f"unknown tenant {tenant!r}: the speed layer has no workers, datasets or "
+                              f"configuration for it; check {check}")
+
+
 class UnsupportedSourceError(SpeedLayerError):
     """A source the seed names but this build does not serve (the OLAP source)."""
 
@@ -106,3 +119,73 @@ class ReplicaUnavailableError(SpeedLayerError):
 
     status_name = "UNAVAILABLE"
     retriable = True
+
+
+# ---- a client that reached no server (raised on the client side, never sent) -----------------
+
+
+def connect_failure(details: str) -> str:
+    """gRPC's text for a failed connection in a few words: refused, no answer, unknown host."""
+    lowered = details.lower()
+    for phrase, reason in (("connection refused", "connection refused"),
+                           ("before receiving settings", "no answer"), ("timed out", "no answer"),
+                           ("deadline exceeded", "no answer"),
+                           ("domain name not found", "unknown host"), ("resolv", "unknown host"),
+                           ("no route to host", "no route to host"),
+                           ("network is unreachable", "network unreachable"),
+                           ("socket closed", "connection closed"), ("connection reset", "connection reset")):
+        if phrase in lowered:
+            return reason
+    return " ".join(details.rsplit(": ", 1)[-1].split()) or "no connection"
+
+
+class UnreachableError(SpeedLayerError):
+    """No connection could be made to the server(s) a client was given; `tried` maps each
+    address to gRPC's reason (a closed port, nothing answering within the connect timeout, an
+    unknown host). The message names every address and what to check, on one line."""
+
+    status_name = "UNAVAILABLE"
+    retriable = True
+
+    def __init__(self, message: str, tried: dict[str, str]) -> None:
+        self.tried = dict(tried)
+        super().__init__(message)
+
+
+MASTERS_CHECK = ("--masters: host:port of running `python -m speedlayer master` processes "
+                 "(master.host and master.port in their config, default 127.0.0.1:7700)")
+GATEWAY_CHECK = ("--gateway: host:port of a running `python -m speedlayer gateway` "
+                 "(gateway.host and gateway.port in its config, default 127.0.0.1:7800)")
+
+
+def _tried(tried: dict[str, str]) -> str:
+    return ", ".join(f"{address} ({connect_failure(why)})" for address, why in tried.items())
+
+
+class MastersUnreachableError(UnreachableError):
+    """None of the masters given (`--masters`) accepted a connection."""
+
+    def __init__(self, tried: dict[str, str], connect_timeout_s: float) -> None:
+        super().__init__(f"no speed layer master reachable at {_tried(tried)} (connect timeout "
+                         f"{connect_timeout_s:g} s); check {MASTERS_CHECK}", tried)
+
+
+class GatewayUnreachableError(UnreachableError):
+    """The Data Gateway given (`--gateway`) accepted no connection: no query reached the speed
+    layer, so no replica is at fault."""
+
+    def __init__(self, address: str, why: str, connect_timeout_ms: int) -> None:
+        super().__init__(f"the gateway at {address} is unreachable ({connect_failure(why)}, connect "
+                         f"timeout {connect_timeout_ms} ms); check {GATEWAY_CHECK}", {address: why})
+
+
+class WrongServerError(SpeedLayerError):
+    """The address given answered, but without the speed layer's service there (another
+    server's port: etcd's, a worker's, the gateway's given as a master's, ...)."""
+
+    status_name = "UNIMPLEMENTED"
+
+    def __init__(self, address: str, role: str, details: str, check: str) -> None:
+        self.address = address
+        said = " ".join(details.split()) or "no details"
+        super().__init__(f"{address} is not a speed layer {role}: it answered UNIMPLEMENTED ({said}); check {check}")

@@ -96,8 +96,11 @@ class SpeedLayerKeys:
     def tenants_prefix(self) -> str:
         return f"{self.root}/tenants/"
 
+    def tenant_prefix(self, tenant: str) -> str:
+        return f"{self.tenants_prefix}{tenant}/"
+
     def tenant_config(self, tenant: str) -> str:
-        return f"{self.tenants_prefix}{tenant}/config"
+        return f"{self.tenant_prefix(tenant)}config"
 
     def datasets_prefix(self, tenant: str) -> str:
         return f"{self.tenants_prefix}{tenant}/datasets/"

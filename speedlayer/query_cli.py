@@ -5,7 +5,8 @@
 
 The token, where the gateway requires one, comes from `--token` or `SPEEDLAYER_TOKEN`. The
 latency printed is the client's: from the call to the last row received. Exit code 1 and the
-error's message on stderr when the query fails.
+error, one line on stderr, when the query fails; a gateway that accepts no connection within
+`--connect-timeout-ms` is named as unreachable (a closed port fails at once).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--token", default=os.environ.get("SPEEDLAYER_TOKEN"), help="the tenant's token")
     parser.add_argument("--client-id", help="stable id: the gateway keeps a client on the same replica")
     parser.add_argument("--timeout-ms", type=int, default=30_000)
+    parser.add_argument("--connect-timeout-ms", type=int, default=2_000,
+                        help="give up on a gateway that accepts no connection within this long")
     parser.add_argument("--max-rows", type=int, default=0, help="fail if the result has more rows")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("sql")
@@ -39,12 +42,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with QueryClient(args.gateway, args.tenant, token=args.token, client_id=args.client_id,
-                         timeout_ms=args.timeout_ms) as client:
+                         timeout_ms=args.timeout_ms, connect_timeout_ms=args.connect_timeout_ms) as client:
             started = time.perf_counter()
             table = client.query(args.dataset, args.sql, epoch=args.epoch, max_rows=args.max_rows)
             elapsed_ms = (time.perf_counter() - started) * 1000
     except (SpeedLayerError, ValueError) as exc:
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     rows = table.slice(0, MAX_PRINTED_ROWS).to_pylist()
     if args.format == "json":

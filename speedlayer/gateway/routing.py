@@ -1,8 +1,9 @@
 """The gateway's routing table (seed: "Assignment Cache · etcd Watchers · Routing Tables").
 
-Two `LocalCache`s, kept current by etcd watches, hold `/assignments/` and `/workers/`; routing
-reads only them, so the gateway keeps answering while every master is down (and, with what it
-last saw, while etcd is unreachable). A query goes to:
+Three `LocalCache`s, kept current by etcd watches, hold `/assignments/`, `/workers/` and
+`/tenants/` (configs and followed datasets: small); routing reads only them, so the gateway
+keeps answering while every master is down (and, with what it last saw, while etcd is
+unreachable). A query goes to:
 
 * the epoch it names, or else the newest epoch of the dataset (highest table version, then
   epoch id) that has a READY replica on a live worker. A replica still loading is never
@@ -16,6 +17,11 @@ expire although the workers still serve. So the gateway remembers each worker's 
 registered address and still routes to replicas of workers it cannot see as live (after the
 live ones): a worker that is really gone is then skipped after one refused connection, and
 once a master is back it moves the epochs and updates the records.
+
+A dataset the tenant does not have is refused as another tenant's (`TenantIsolationError`)
+when some other tenant has it, as not admitted (`NotFoundError`) otherwise; a tenant the speed
+layer has nothing of (no assignment, worker or `/tenants/{t}/` key: a typo, most likely) is
+refused as unknown (`UnknownTenantError`) first, without naming the tenants there are.
 
 Choosing the epoch and ordering replicas are pure functions, tested without etcd.
 """
@@ -32,7 +38,7 @@ from danube_core.errors import MetadataError
 from danube_core.local_cache import LocalCache
 from danube_core.metadata import MetadataStore, WatchEvent
 
-from speedlayer.errors import NotFoundError, ReplicaUnavailableError, TenantIsolationError
+from speedlayer.errors import NotFoundError, ReplicaUnavailableError, TenantIsolationError, unknown_tenant
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.records import FAILED, R_READY, AssignmentRecord, WorkerRecord
 
@@ -97,6 +103,7 @@ class RoutingTable:
         self._keys = keys
         self._assignments = LocalCache(store, [keys.assignments_prefix], name="gateway-assignments")
         self._workers = LocalCache(store, [keys.workers_prefix], name="gateway-workers")
+        self._tenants = LocalCache(store, [keys.tenants_prefix], name="gateway-tenants")
         self._parsed: dict[str, tuple[bytes, AssignmentRecord]] = {}
         self._suspects: dict[str, float] = {}
         self._known: dict[tuple[str, str], str] = {}  # (tenant, worker) -> last registered address
@@ -105,6 +112,7 @@ class RoutingTable:
     def start(self) -> "RoutingTable":
         self._assignments.start()
         self._workers.start()
+        self._tenants.start()
         self._workers.subscribe(self._keys.workers_prefix, self._worker_event)
         # Evicted epochs' parsed records go with their keys (a new epoch per commit adds up).
         self._assignments.subscribe(self._keys.assignments_prefix,
@@ -128,10 +136,11 @@ class RoutingTable:
     def close(self) -> None:
         self._assignments.close()
         self._workers.close()
+        self._tenants.close()
 
     @property
     def synced(self) -> bool:
-        return self._assignments.synced and self._workers.synced
+        return self._assignments.synced and self._workers.synced and self._tenants.synced
 
     def suspect(self, worker: str) -> None:
         """A call to `worker` failed: try its replicas last for a while."""
@@ -189,7 +198,19 @@ class RoutingTable:
         ordered = order_replicas(replicas, client_id, avoid)
         return Route(tenant, dataset, record.epoch, record.version, tuple(ordered))
 
+    def known_tenant(self, tenant: str) -> bool:
+        """The speed layer has something of `tenant`: an epoch, a worker (live, or seen by this
+        gateway), a config or a followed dataset."""
+        with self._lock:
+            seen = any(t == tenant for t, _ in self._known)
+        return seen or any(cache.get_prefix(prefix, keys_only=True) for cache, prefix in (
+            (self._assignments, self._keys.tenant_assignments_prefix(tenant)),
+            (self._workers, self._keys.tenant_workers_prefix(tenant)),
+            (self._tenants, self._keys.tenant_prefix(tenant))))
+
     def _refuse_missing(self, tenant: str, dataset: str) -> None:
+        if not self.known_tenant(tenant):
+            raise unknown_tenant(tenant, "the tenant's name (--tenant, the x-speedlayer-tenant header)")
         owners = set()
         for key, _ in self._assignments.get_prefix(self._keys.assignments_prefix, keys_only=True):
             parts = key[len(self._keys.assignments_prefix):].split("/")

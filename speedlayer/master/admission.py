@@ -6,6 +6,8 @@ partitions asked for and the table version it resolved to, so the same request o
 table version names the same epoch on any master. A caller's `request_id` (idempotency key) is
 remembered under `/requests/{tenant}/{request_id}`: a retry with it returns that epoch even
 if the table moved on. A record left PENDING or PLANNED by a leader that died is resumed.
+The same table version admitted again with an explicit `replication` changes that epoch's
+(`master.replication`): the way out of "1 of 2 replicas placed" with one worker.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from speedlayer.errors import (
 from speedlayer.keys import valid_id
 from speedlayer.catalog.delta_changes import TableChange, incremental_source
 from speedlayer.master.quotas import check_quotas, footprint
+from speedlayer.master.replication import shortfall, with_replication
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary, eligible
 from speedlayer.observability.audit import AuditEvent, AuditLogger
@@ -128,6 +131,8 @@ class AdmissionController:
         if existing is None or existing.status == EVICTED:
             replication = request.replication or self._default_replication(tenant)
             existing = self._create(tenant, dataset, resolved, epoch, request_id, replication)
+        elif request.replication and existing.live and existing.replication != request.replication:
+            existing = self._replicate(existing, request.replication)
         self._state.metadata.put(self._state.keys.request(tenant, request_id), epoch.encode())
         response = self._continue(existing, resolved)
         if kind == "delta_table" and not request.source.delta_table.pin_version:
@@ -172,6 +177,27 @@ class AdmissionController:
         source = incremental_source(resolved, change) if incremental else None
         record = self._plan(record, resolved, source=source, base_epoch=base_epoch)
         return self._assign(record, preferred=base.staying() if base is not None else ())
+
+    def _replicate(self, record: AssignmentRecord, replication: int) -> AssignmentRecord:
+        """The same epoch admitted again with another explicit replication: it now wants that many
+        replicas (the reconciler places more, or drops the extra ones)."""
+        workers = len(self._candidates(record.tenant))
+
+        def change(current: AssignmentRecord) -> AssignmentRecord | None:
+            if not current.live or current.replication == replication:
+                return None
+            updated = with_replication(current, replication)
+            return replace(updated, message=shortfall(updated, workers))
+
+        updated = self._state.update_record(record.tenant, record.dataset, record.epoch, change)
+        if updated is None:
+            return record
+        if updated.replication == replication != record.replication:
+            self._audit.record(AuditEvent(kind="admission.replication", tenant=record.tenant, dataset=record.dataset,
+                                          epoch=record.epoch, master_id=self._master_id,
+                                          detail={"from": record.replication, "to": replication}))
+            self._placed()
+        return updated
 
     def _check_roots(self, tenant: str, source: mg.DataSourceIdentifier) -> None:
         roots = self._config.tenant(tenant).source_roots
@@ -253,13 +279,8 @@ class AdmissionController:
         def assign(current: AssignmentRecord) -> AssignmentRecord | None:
             if current.status != PLANNED:
                 return None
-            if not chosen:
-                return replace(current, message=f"no eligible worker of tenant {current.tenant} yet; "
-                                                "assigned when one registers")
-            note = "" if len(chosen) >= current.replication else (
-                f"{len(chosen)} of {current.replication} replicas placed; more when workers register")
-            return replace(current, status=ASSIGNED, message=note,
-                           replicas={w: Replica() for w in chosen})
+            placed = replace(current, status=ASSIGNED, replicas={w: Replica() for w in chosen}) if chosen else current
+            return replace(placed, message=shortfall(placed, len(candidates)))
 
         updated = self._state.update_record(record.tenant, record.dataset, record.epoch, assign)
         if updated.status == ASSIGNED:

@@ -7,8 +7,12 @@
 The SQL names the dataset as a table (`FROM orders`). The answer comes from the newest READY
 epoch (or `epoch=`), whole: never half of one. Failures raise the speed layer's errors
 (`speedlayer.errors`): `InvalidQueryError` (bad SQL, naming the dataset), `NotFoundError`,
-`TenantIsolationError` (another tenant's dataset), `UnauthenticatedError`,
-`ResultTooLargeError`, `QueryTimeoutError`, `ReplicaUnavailableError` (retriable).
+`UnknownTenantError` (a tenant the speed layer has nothing of), `TenantIsolationError`
+(another tenant's dataset), `UnauthenticatedError`, `ResultTooLargeError`, `QueryTimeoutError`,
+`ReplicaUnavailableError` (retriable: the gateway has no reachable READY replica), and
+`GatewayUnreachableError` (retriable: no connection to the gateway itself within
+`connect_timeout_ms`; a closed port fails at once), `WrongServerError` (the address answered,
+but it is not a gateway's).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ import uuid
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from speedlayer.errors import SpeedLayerError
+from speedlayer.errors import GATEWAY_CHECK, GatewayUnreachableError, SpeedLayerError, WrongServerError
 from speedlayer.query.protocol import (
-    AUTH_HEADER, CLIENT_HEADER, TENANT_HEADER, QueryRequest, from_flight,
+    AUTH_HEADER, CLIENT_HEADER, TENANT_HEADER, QueryRequest, error_info, from_flight,
 )
 
 # The call's gRPC deadline is the query's plus this, so the server's clearer timeout arrives first.
 DEADLINE_SLACK_S = 2.0
+DEFAULT_CONNECT_TIMEOUT_MS = 2_000
 
 
 def location(address: str) -> str:
@@ -42,6 +47,13 @@ def call_options(tenant: str, *, token: str | None = None, client_id: str | None
     return flight.FlightCallOptions(headers=headers, timeout=timeout_s)
 
 
+def connect(address: str, connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS) -> flight.FlightClient:
+    """A Flight client whose connection attempts last at most `connect_timeout_ms` (gRPC's own
+    minimum is 20 s, which a host that accepts nothing would make every call wait)."""
+    return flight.connect(location(address), generic_options=[
+        ("grpc.min_reconnect_backoff_ms", connect_timeout_ms), ("grpc.initial_reconnect_backoff_ms", connect_timeout_ms)])
+
+
 def read_query(client: flight.FlightClient, request: QueryRequest, options: flight.FlightCallOptions) -> pa.Table:
     """Run one DoGet and read its whole result; Flight failures become speed layer errors."""
     try:
@@ -50,20 +62,27 @@ def read_query(client: flight.FlightClient, request: QueryRequest, options: flig
         raise from_flight(exc) from exc
 
 
+def unreached(exc: BaseException) -> bool:
+    """A Flight call that failed before any server answered it: UNAVAILABLE without the speed
+    layer's error info (every error a gateway sends carries it)."""
+    return isinstance(exc, flight.FlightUnavailableError) and error_info(exc) is None
+
+
 class QueryClient:
     """One connection to a gateway for `tenant`; `client_id` (default: random per client)
     keeps this client on the same replica of each dataset, for warm caches."""
 
     def __init__(self, gateway: str, tenant: str, *, token: str | None = None, client_id: str | None = None,
-                 timeout_ms: int = 30_000) -> None:
+                 timeout_ms: int = 30_000, connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS) -> None:
         if not tenant:
             raise ValueError("tenant: required")
-        if timeout_ms < 1:
-            raise ValueError(f"timeout_ms={timeout_ms}: expected >= 1")
+        for name, value in (("timeout_ms", timeout_ms), ("connect_timeout_ms", connect_timeout_ms)):
+            if value < 1:
+                raise ValueError(f"{name}={value}: expected >= 1")
         self.gateway, self.tenant, self.token = gateway, tenant, token
         self.client_id = client_id or uuid.uuid4().hex
-        self.timeout_ms = timeout_ms
-        self._client = flight.connect(location(gateway))
+        self.timeout_ms, self.connect_timeout_ms = timeout_ms, connect_timeout_ms
+        self._client = connect(gateway, connect_timeout_ms)
 
     def query(self, dataset: str, sql: str, *, epoch: str = "", max_rows: int = 0, max_bytes: int = 0,
               timeout_ms: int | None = None) -> pa.Table:
@@ -72,7 +91,15 @@ class QueryClient:
                                timeout_ms=timeout_ms)
         options = call_options(self.tenant, token=self.token, client_id=self.client_id,
                                timeout_s=timeout_ms / 1000 + DEADLINE_SLACK_S)
-        return read_query(self._client, request, options)
+        try:
+            return self._client.do_get(flight.Ticket(request.to_ticket()), options=options).read_all()
+        except (flight.FlightError, pa.ArrowException) as exc:
+            if unreached(exc):
+                raise GatewayUnreachableError(self.gateway, str(exc), self.connect_timeout_ms) from exc
+            if isinstance(exc, NotImplementedError) and error_info(exc) is None:
+                said = str(exc).split(". Detail:", 1)[0].split(". gRPC client debug context:", 1)[0]
+                raise WrongServerError(self.gateway, "gateway", said, GATEWAY_CHECK) from exc
+            raise from_flight(exc) from exc
 
     def close(self) -> None:
         self._client.close()
@@ -86,7 +113,7 @@ class QueryClient:
 
 def query(gateway: str, tenant: str, dataset: str, sql: str, **kwargs) -> pa.Table:
     """One query on a fresh connection; keyword arguments as `QueryClient` and `QueryClient.query`."""
-    client_kwargs = {k: kwargs.pop(k) for k in ("token", "client_id") if k in kwargs}
+    client_kwargs = {k: kwargs.pop(k) for k in ("token", "client_id", "connect_timeout_ms") if k in kwargs}
     with QueryClient(gateway, tenant, **client_kwargs) as client:
         return client.query(dataset, sql, **kwargs)
 

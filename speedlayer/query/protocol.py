@@ -103,10 +103,10 @@ def to_flight(error: SpeedLayerError) -> flight.FlightError:
 
 def from_flight(exc: Exception) -> SpeedLayerError:
     """The speed layer error a Flight call failed with (transport failures: ReplicaUnavailable)."""
-    info = _error_info(exc)
+    info = error_info(exc)
     if info:
         cls = getattr(errors, str(info.get("error", "")), None)
-        if isinstance(cls, type) and issubclass(cls, SpeedLayerError) and cls is not errors.NotLeaderError:
+        if isinstance(cls, type) and issubclass(cls, SpeedLayerError) and _built_from_message(cls):
             return cls(str(info.get("message", "")))
     text = str(exc).split(". Detail:", 1)[0]
     if isinstance(exc, flight.FlightUnavailableError):
@@ -122,7 +122,13 @@ def from_flight(exc: Exception) -> SpeedLayerError:
     return SpeedLayerError(text)
 
 
-def _error_info(exc: Exception) -> dict[str, Any] | None:
+def _built_from_message(cls: type[SpeedLayerError]) -> bool:
+    """Whether `cls(message)` makes the error (not NotLeaderError, nor the client-side ones)."""
+    return not any("__init__" in vars(k) for k in cls.__mro__ if issubclass(k, SpeedLayerError))
+
+
+def error_info(exc: BaseException) -> dict[str, Any] | None:
+    """The speed layer error a Flight exception carries (its `extra_info`), None for Flight's own."""
     raw = getattr(exc, "extra_info", None)
     if not raw:
         return None

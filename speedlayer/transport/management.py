@@ -2,7 +2,9 @@
 
 Mutations (AdmitDataset, DrainWorker, SetTenantQuota) are the leader's: a follower answers
 UNAVAILABLE naming it. Reads (DatasetStatus, ListWorkers, a quota read) come straight from
-etcd, so any master answers them.
+etcd, so any master answers them. An epoch short of replicas has its `message` worked out as it
+is read (`master.replication.shortfall`): what is missing and how to change replication. A
+status for a tenant the speed layer has nothing of says so (not "no dataset").
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from danube_core.metadata import MetadataStore
 
 from speedlayer.api.v1 import management_service_pb2 as mg
 from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc
-from speedlayer.errors import InvalidRequestError, NotFoundError, SpeedLayerError
+from speedlayer.errors import InvalidRequestError, NotFoundError, SpeedLayerError, unknown_tenant
 from speedlayer.keys import SpeedLayerKeys, valid_id
 from speedlayer.master.admission import AdmissionController
+from speedlayer.master.lifecycle import superseded_keys
 from speedlayer.master.quotas import tenant_usage
+from speedlayer.master.replication import shortfall
 from speedlayer.records import R_FAILED, AssignmentRecord, TenantConfig, WorkerRecord
-from speedlayer.transport.leader_gate import abort_with
+from speedlayer.transport.leader_gate import abort, abort_with
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +43,7 @@ def _handled(method):
         except SpeedLayerError as exc:
             abort_with(context, exc)
         except DanubeError as exc:
-            code = grpc.StatusCode.UNAVAILABLE if exc.retriable else grpc.StatusCode.INTERNAL
-            context.abort(code, str(exc))
+            abort(context, grpc.StatusCode.UNAVAILABLE if exc.retriable else grpc.StatusCode.INTERNAL, str(exc))
     wrapper.__name__ = method.__name__
     return wrapper
 
@@ -63,13 +66,26 @@ class ManagementServicer(mg_grpc.ManagementServiceServicer):
     def DatasetStatus(self, request: mg.DatasetStatusRequest, context) -> mg.DatasetStatusResponse:
         _check_id("tenant_id", request.tenant_id)
         _check_id("dataset_id", request.dataset_id)
-        records = self._records(self._keys.dataset_assignments_prefix(request.tenant_id, request.dataset_id))
+        tenant = request.tenant_id
+        records = self._records(self._keys.dataset_assignments_prefix(tenant, request.dataset_id))
+        old = superseded_keys(records)  # not refilled: they wait for their eviction
         if request.epoch_id:
             records = [r for r in records if r.epoch == request.epoch_id]
         if not records:
+            if not self._known_tenant(tenant):
+                raise unknown_tenant(tenant, "--tenant (`admin workers` lists every tenant's workers)")
             what = f"epoch {request.epoch_id} of " if request.epoch_id else ""
-            raise NotFoundError(f"no {what}dataset {request.dataset_id} for tenant {request.tenant_id}")
-        return mg.DatasetStatusResponse(epochs=[_epoch_status(r) for r in records])
+            raise NotFoundError(f"no {what}dataset {request.dataset_id} for tenant {tenant}")
+        workers = len(self._metadata.get_prefix(self._keys.tenant_workers_prefix(tenant), keys_only=True))
+        return mg.DatasetStatusResponse(epochs=[
+            _epoch_status(r, "" if (r.tenant, r.dataset, r.epoch) in old else shortfall(r, workers))
+            for r in records])
+
+    def _known_tenant(self, tenant: str) -> bool:
+        """The speed layer has an epoch, a worker, a config or a followed dataset of `tenant`."""
+        return any(self._metadata.get_prefix(prefix, keys_only=True) for prefix in (
+            self._keys.tenant_assignments_prefix(tenant), self._keys.tenant_workers_prefix(tenant),
+            self._keys.tenant_prefix(tenant)))
 
     @_handled
     def ListWorkers(self, request: mg.ListWorkersRequest, context) -> mg.ListWorkersResponse:
@@ -121,9 +137,9 @@ class ManagementServicer(mg_grpc.ManagementServiceServicer):
                                       memory_used_bytes=used, source_roots=list(config.source_roots))
 
 
-def _epoch_status(record: AssignmentRecord) -> mg.EpochStatus:
+def _epoch_status(record: AssignmentRecord, shortfall_note: str = "") -> mg.EpochStatus:
     return mg.EpochStatus(
-        epoch_id=record.epoch, status=record.status, message=record.message, version=record.version,
+        epoch_id=record.epoch, status=record.status, message=shortfall_note or record.message, version=record.version,
         total_rows=record.total_rows, estimated_memory_bytes=record.estimated_memory_bytes,
         replication=record.replication, file_count=record.file_count, kind=record.kind,
         base_epoch_id=record.base_epoch,

@@ -20,6 +20,7 @@ from speedlayer.errors import (
     InvalidQueryError, NotFoundError, QueryTimeoutError, ResultTooLargeError, TenantIsolationError,
     UnauthenticatedError,
 )
+from speedlayer.records import TenantConfig
 from tests.rig import eventually
 from tests.speedlayer.cluster import REPO_ROOT, ready_workers
 
@@ -43,6 +44,7 @@ def test_gateway_answers_match_the_delta_table_and_errors_are_clear(cluster_fact
 
     cluster = cluster_factory()
     path, epoch = _admitted(cluster, delta_table)
+    cluster.set_tenant("other", TenantConfig())  # known to the gateway from its start
     gateway = cluster.start_gateway(extra={"tokens": {"acme": "s3cret"}})
     expected = DeltaTable(path).to_pyarrow_table()
 
@@ -71,7 +73,8 @@ def test_gateway_answers_match_the_delta_table_and_errors_are_clear(cluster_fact
 
     with pytest.raises(UnauthenticatedError, match="token"):
         query(gateway, "acme", "orders", "SELECT 1 FROM orders", token="wrong")
-    # Tenant "other" (no token configured) is authenticated, but acme's dataset is refused.
+    # Tenant "other" (known: it has a config; no token configured) is authenticated, but acme's
+    # dataset is refused. (A tenant the speed layer has nothing of is an UnknownTenantError.)
     with pytest.raises(TenantIsolationError, match="tenant 'other' may not query dataset 'orders'"):
         query(gateway, "other", "orders", "SELECT * FROM orders")
 
