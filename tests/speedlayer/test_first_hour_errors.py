@@ -1,4 +1,4 @@
-"""A new user's first mistakes get a straight answer (issue 30), without servers of the speed layer.
+"""A new user's first mistakes get a straight answer, without servers of the speed layer.
 
 A wrong `--masters` or `--gateway` (a closed port, a host that accepts nothing, another
 server's port) fails within the connect timeout with one line naming the address and what to
