@@ -65,9 +65,10 @@ class Admin:
         _emit(self.out, deleted=namespace)
 
     def topics_list(self, namespace: str) -> None:
-        for topic in self.registry.list(namespace):
-            _emit(self.out, topic=topic.broker_name, delivery=self.registry.delivery(topic),
-                  owner=self.registry.owner(topic))
+        topics = self.registry.list(namespace)
+        owners = self.registry.owners(topics)
+        for topic in topics:
+            _emit(self.out, topic=topic.broker_name, delivery=self.registry.delivery(topic), owner=owners[topic])
 
     def topics_create(self, topic: TopicName, partitions: int, delivery: str) -> None:
         if partitions:

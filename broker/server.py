@@ -4,11 +4,13 @@ Boot order (as Danube's, §5.5): cluster name key, namespaces `default`, `system
 bootstrap ones with the configured policies, the system topic root key, the gRPC server, then
 registration, state, assignments watch, load reports and leader election. Client lookups
 (topics, owners, registrations, namespaces and policies, producer and subscription records),
-the membership's assignment handling and the leader's placement read a `LocalCache` of
-`/cluster/`, `/namespaces/` and `/topics/` that reads its own writes and hands them watch events
-once applied, as Danube's LocalCache; the leader election and storage read etcd. Shutdown hands every
-topic over (reliable ones are sealed) before the registration lease is revoked, so the leader
-reassigns them at once and the next owner continues after the sealed offset.
+the membership's assignment handling and the leader's placement read a `LocalCache` that reads
+its own writes and hands them watch events once applied, as Danube's LocalCache: `/cluster/`
+and `/namespaces/` for the whole cluster (Danube's lookup protocol needs them), `/topics/` only
+for the topics this broker serves (`broker.lookup_cache`); the leader election and storage read
+etcd. Shutdown hands every topic over (reliable ones are sealed) before the registration lease
+is revoked, so the leader reassigns them at once and the next owner continues after the sealed
+offset.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from broker.identity import (
     write_identity,
 )
 from broker.leader import TopicAssigner, broker_election
+from broker.lookup_cache import ServedTopicKeys, open_lookup_cache
 from broker.namespaces import Namespaces
 from broker.schema_service import add_schema_registry
 from broker.send_front import SendFront
@@ -46,13 +49,7 @@ from broker.wal_http import WalHttpServer, parse_listen
 from danube_core.cached_store import CachedMetadataStore
 from danube_core.election import LeaseElection
 from danube_core.errors import ConfigError
-from danube_core.keys import (
-    CLUSTER_PREFIX,
-    NAMESPACES_PREFIX,
-    TOPICS_PREFIX,
-    topic_root_key,
-)
-from danube_core.local_cache import LocalCache
+from danube_core.keys import topic_root_key
 from danube_core.metadata import EtcdMetadataStore, Lease, MetadataStore
 from danube_core.records import BrokerRegistration, dump_u64
 from danube_core.topics import TopicName
@@ -65,8 +62,6 @@ GRPC_GRACE_SECONDS = 1.0  # calls in progress at stop get this long to finish
 SYSTEM_NAMESPACES = ("default", "system")
 SYSTEM_TOPIC = TopicName("system", "_events_topic")
 S3_OPTION_NAMES = {"access_key": "key", "secret_key": "secret", "anonymous": "anon"}
-# What the broker's lookups read (a stale read there only delays what a client sees).
-LOOKUP_PREFIXES = [CLUSTER_PREFIX, NAMESPACES_PREFIX, TOPICS_PREFIX]
 
 
 def storage_settings(config: BrokerConfig) -> StorageSettings:
@@ -155,12 +150,13 @@ class BrokerServer:
         self.metadata = await asyncio.to_thread(self._connect_metadata)
         await asyncio.to_thread(self._resume_identity)
         await asyncio.to_thread(self._bootstrap_metadata)
-        cache = await asyncio.to_thread(
-            LocalCache(self.metadata, LOOKUP_PREFIXES, name=f"broker-{self.broker_id}").start)
+        # A stale read of the lookup cache only delays what a client sees.
+        cache = await asyncio.to_thread(open_lookup_cache, self.metadata, f"broker-{self.broker_id}")
         self.lookups = CachedMetadataStore(self.metadata, cache)
         self._engine = StorageEngine(storage_settings(cfg), self.metadata, self.broker_id)
         registry = TopicRegistry(self.lookups)
-        self.service = BrokerService(cfg, registry, self._engine, self.broker_id, asyncio.get_running_loop())
+        self.service = BrokerService(cfg, registry, self._engine, self.broker_id, asyncio.get_running_loop(),
+                                     served_keys=ServedTopicKeys(cache))
         self._grpc = grpc.aio.server(options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),

@@ -3,7 +3,10 @@
 `BrokerService` answers what the gRPC services ask (create producer, send, subscribe, stream,
 ack, lookup, partitions, health) and is the `AssignmentListener` of `ClusterMembership`:
 assignments load topics here, releases unload or delete them. Everything runs on one asyncio
-event loop; cluster callbacks arrive on a membership thread and are run on the loop.
+event loop; cluster callbacks arrive on a membership thread and are run on the loop. A topic's
+`/topics` keys are in the lookup cache while it is served here (`ServedTopicKeys`): covered
+before it loads, so loading, subscribing (cursors) and producer checks read no etcd, and dropped
+once it has left.
 
 Ids of producers and consumers whose topic left this broker are remembered (a bounded
 number), so their next request gets `TopicMovedError` (UNAVAILABLE: danube-client looks the
@@ -21,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from danube_core.errors import InvalidTopicNameError
+from danube_core.errors import DanubeError, InvalidTopicNameError
 from danube_core.message import StreamMessage
 from danube_core.records import NON_RELIABLE, RELIABLE, SubscriptionRecord
 from danube_core.topics import TopicName
@@ -37,6 +40,7 @@ from broker.config import BrokerConfig
 from broker.consumers import ConsumerSession
 from broker.cursors import SubscriptionCursor
 from broker.load_report import TopicLoad
+from broker.lookup_cache import ServedTopicKeys
 from broker.topic import Topic
 from broker.topics_registry import TopicRegistry
 
@@ -70,9 +74,10 @@ class BrokerService:
     """Local topics, producers and consumers of one broker process."""
 
     def __init__(self, config: BrokerConfig, registry: TopicRegistry, engine: Any, broker_id: int,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, *, served_keys: ServedTopicKeys | None = None) -> None:
         self.config = config
         self.registry = registry
+        self.served_keys = served_keys  # None: the registry's store holds (or reads) every topic's keys
         self.engine = engine
         self.broker_id = broker_id
         self._loop = loop
@@ -241,16 +246,37 @@ class BrokerService:
         existing = self.topics.get(name)
         if existing is not None and existing.active:
             return
-        delivery = await self._wait_for_delivery(name)
-        if delivery is None:
-            logger.error("topic %s assigned to broker %d has no delivery key; not loaded", name, self.broker_id)
-            return
-        policies = await asyncio.to_thread(self.registry.namespaces.topic_policies, name)
-        storage = await asyncio.to_thread(self.engine.load_topic, name) if delivery == RELIABLE else None
-        self.topics[name] = Topic(name, delivery, policies, storage, loop=self._loop,
-                                  subscriptions=self.config.subscriptions, durable=self.config.wal.durable,
-                                  cursor_factory=functools.partial(self._cursor, name))
+        await self._hold_keys(name)
+        loaded = False
+        try:
+            delivery = await self._wait_for_delivery(name)
+            if delivery is None:
+                logger.error("topic %s assigned to broker %d has no delivery key; not loaded", name, self.broker_id)
+                return
+            policies = await asyncio.to_thread(self.registry.namespaces.topic_policies, name)
+            storage = await asyncio.to_thread(self.engine.load_topic, name) if delivery == RELIABLE else None
+            self.topics[name] = Topic(name, delivery, policies, storage, loop=self._loop,
+                                      subscriptions=self.config.subscriptions, durable=self.config.wal.durable,
+                                      cursor_factory=functools.partial(self._cursor, name))
+            loaded = True
+        finally:
+            if not loaded:
+                await self._drop_keys(name)
         logger.info("broker %d serves %s (%s)", self.broker_id, name, delivery)
+
+    async def _hold_keys(self, name: TopicName) -> None:
+        """Cache `name`'s `/topics` keys while it is served here. If etcd cannot be listed the
+        topic loads anyway: its reads then go to etcd, as every read the cache does not hold."""
+        if self.served_keys is None:
+            return
+        try:
+            await asyncio.to_thread(self.served_keys.serve, name)
+        except DanubeError as exc:
+            logger.warning("cannot cache the keys of %s (%s); its metadata reads go to etcd", name, exc)
+
+    async def _drop_keys(self, name: TopicName) -> None:
+        if self.served_keys is not None:
+            await asyncio.to_thread(self.served_keys.release, name)
 
     def _cursor(self, topic: TopicName, subscription: str) -> SubscriptionCursor:
         cfg = self.config.subscriptions
@@ -285,6 +311,7 @@ class BrokerService:
                 await asyncio.to_thread(self.registry.delete_subscriptions, name)
         finally:
             self.topics.pop(name, None)
+            await self._drop_keys(name)
         logger.info("broker %d %s %s", self.broker_id, "unloaded" if unload else "deleted", name)
 
     async def _deactivate(self, topic: Topic, flush_cursors: bool) -> None:
@@ -314,4 +341,5 @@ class BrokerService:
                 except Exception:  # keep the local WAL: the next owner recovers from it
                     logger.exception("unloading %s at shutdown failed; closing it unsealed", name)
             self.topics.pop(name, None)
+            await self._drop_keys(name)
         await asyncio.to_thread(self.engine.close)

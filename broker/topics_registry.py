@@ -9,6 +9,9 @@ Deliberate differences from v0.7.3, keeping every key and value as the spec says
 * Delete removes the namespace index entry *before* the assignment, so the owner can tell a
   delete from an unload by the index (see `broker.cluster`) even if the leader already
   consumed the unload marker (§6.8's race).
+* `owner` reads one assignment key per broker (found with one limit-1 range read per broker
+  under `/cluster/brokers/`); Danube's `get_broker_for_topic` scans every assignment key of the
+  cluster on every lookup.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from danube_core.keys import (
     BROKERS_PREFIX,
     StorageKeys,
     assignment_key,
+    broker_assignments_prefix,
     delivery_key,
     namespace_topic_key,
     parse_assignment_key,
@@ -35,7 +39,7 @@ from danube_core.keys import (
     topic_schema_key,
     unassigned_key,
 )
-from danube_core.metadata import MetadataStore
+from danube_core.metadata import MetadataStore, prefix_end
 from danube_core.records import (
     NULL_JSON,
     BrokerRegistration,
@@ -65,8 +69,32 @@ def _listed(topics: list[TopicName]) -> str:
     return f"{shown}, ... and {more} more" if more > 0 else shown
 
 
+def broker_ids(metadata: MetadataStore) -> list[int]:
+    """Ids of the brokers with keys under `/cluster/brokers/{id}/`, in key order: every broker
+    that joined (its state key outlives it), so a dead one whose assignments the leader has not
+    moved yet is there too. One limit-1 range read per broker, skipping each broker's keys: the
+    cost follows the brokers, not the topics they hold."""
+    ids: list[int] = []
+    start, end = BROKERS_PREFIX, prefix_end(BROKERS_PREFIX)
+    while rows := metadata.get_range(start, end, limit=1):
+        key = rows[0][0]
+        name, slash, _ = key[len(BROKERS_PREFIX):].partition("/")
+        if name.isascii() and name.isdigit():
+            ids.append(int(name))
+        # Every key from here to the end of `{name}/` is this broker's.
+        start = prefix_end(f"{BROKERS_PREFIX}{name}/") if slash else key + "\0"
+    return ids
+
+
 class TopicRegistry:
-    """Topic records over a metadata store."""
+    """Topic records over a metadata store.
+
+    Any broker answers any client about any topic (TopicLookup, TopicPartitions, the checks
+    before a create), so `exists`, `partitions`, `owner` and `registration` need the cluster's
+    namespace index, assignments and registrations: the broker's lookup cache holds those for
+    the whole cluster, and the `/topics` keys only of the topics it serves (`broker.lookup_cache`).
+    The other topics' keys this class reads (`delivery`, `subscriptions`) then come from etcd.
+    """
 
     def __init__(self, metadata: MetadataStore, namespaces: Namespaces | None = None) -> None:
         self.metadata = metadata
@@ -111,12 +139,25 @@ class TopicRegistry:
                             f"{name}-part-N and no storage keys under {prefix}")
 
     def owner(self, topic: TopicName) -> int | None:
-        """Broker id holding `/cluster/brokers/{id}/{ns}/{topic}`, if any."""
-        for key, _ in self.metadata.get_prefix(BROKERS_PREFIX, keys_only=True):
-            parsed = parse_assignment_key(key)
-            if parsed is not None and parsed[1] == topic:
-                return parsed[0]
+        """Broker id holding `/cluster/brokers/{id}/{ns}/{topic}`, if any (the first in key order,
+        should two). A dead broker counts until the leader moves its assignments: a lookup then
+        waits for the new owner instead of answering "does not exist". O(brokers) reads."""
+        for broker_id in broker_ids(self.metadata):
+            if self.metadata.get(assignment_key(broker_id, topic)) is not None:
+                return broker_id
         return None
+
+    def owners(self, topics: list[TopicName]) -> dict[TopicName, int | None]:
+        """`owner` of each of many topics (a listing): one range read of each broker's
+        assignments instead of a point read per broker and topic."""
+        wanted = set(topics)
+        found: dict[TopicName, int | None] = {}
+        for broker_id in broker_ids(self.metadata):
+            for key, _ in self.metadata.get_prefix(broker_assignments_prefix(broker_id), keys_only=True):
+                parsed = parse_assignment_key(key)
+                if parsed is not None and parsed[1] in wanted:
+                    found.setdefault(parsed[1], broker_id)
+        return {topic: found.get(topic) for topic in topics}
 
     def registration(self, broker_id: int) -> BrokerRegistration | None:
         key = register_key(broker_id)

@@ -17,7 +17,9 @@ the same keys many times:
 * Spans can be added (`cover`) and dropped (`uncover`) while the cache runs, so a reader's
   cache follows what it reads (a stream's topics, the window of a topic's history it is in)
   instead of holding the whole key space. A span added at etcd revision R' ignores the
-  watch's events up to R' (its listing already holds them) and applies the later ones.
+  watch's events up to R' (its listing already holds them) and applies the later ones. Spans
+  are found by bisection (`SpanIndex`), so a cache of thousands of them (a broker's served
+  topics) pays O(log spans) per event and per read.
 * When the watch is lost (stream broken, etcd restarted, or the history it needs compacted) the
   cache keeps serving what it has, and a background thread re-lists and watches again, with
   capped exponential backoff. Subscribers see the differences the re-list found as events.
@@ -33,12 +35,13 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from danube_core.errors import DanubeError, MetadataCompactedError, StaleCacheError
 from danube_core.metadata import (
@@ -85,6 +88,43 @@ class Span:
         return self.start <= key < self.end and (self.keep is None or self.keep(key))
 
 
+class SpanIndex:
+    """Spans ordered by start, with the running maximum of their ends, so the spans around a key
+    are found by bisection: a cache of many spans (a broker's served topics) pays O(log spans)
+    per watch event and per `covers`, not a scan of every span. Built anew when the spans
+    change; a span's `pending` and `loaded_at` may change in place."""
+
+    def __init__(self, spans: Iterable[Span]) -> None:
+        self._spans = sorted(spans, key=lambda s: s.start)
+        self._starts = [s.start for s in self._spans]
+        self._reach = list(itertools.accumulate((s.end for s in self._spans), max))
+
+    def around(self, key: str) -> Iterator[Span]:
+        """The spans whose range holds `key` (`start <= key < end`), whatever they keep."""
+        i = bisect.bisect_right(self._starts, key) - 1
+        while i >= 0 and self._reach[i] > key:  # no span at or before i reaches past `key`
+            span = self._spans[i]
+            if key < span.end:
+                yield span
+            i -= 1
+
+    def covered(self, start_key: str, end_key: str) -> bool:
+        """Whether listed spans (no `cover` under way) hold `[start_key, end_key)`: one of them,
+        or unfiltered ones end to end."""
+        if end_key <= start_key:  # an empty range: any listed span reaching its place holds it
+            return any(s.pending is None and s.start <= start_key and end_key <= s.end for s in self._spans)
+        if any(s.pending is None and end_key <= s.end for s in self.around(start_key)):
+            return True
+        reached = start_key
+        while True:
+            ends = [s.end for s in self.around(reached) if s.pending is None and s.keep is None]
+            if not ends:
+                return False
+            reached = max(ends)
+            if end_key <= reached:
+                return True
+
+
 class LocalCache:
     """The keys of some spans of etcd, loaded once and kept current by a watch; see the module
     docstring.
@@ -113,6 +153,7 @@ class LocalCache:
                              "prefix to watch")
         for span in self._spans:
             self._check_watched(span.start, span.end)
+        self._index = SpanIndex(self._spans)
         self._store = store
         self._name = name
         self._max_backoff_s = max_backoff_s
@@ -169,6 +210,12 @@ class LocalCache:
             return self._revision
 
     @property
+    def keys_held(self) -> int:
+        """How many keys the cache holds now (what its memory grows with)."""
+        with self._cond:
+            return len(self._values)
+
+    @property
     def synced(self) -> bool:
         """True while the watch is live; False while the cache recovers (reads may be stale)."""
         with self._cond:
@@ -206,7 +253,7 @@ class LocalCache:
             if known is None:
                 if len(self._covered) >= COVERED_MEMO_ENTRIES:  # ranges read at ever new offsets
                     self._covered.clear()
-                known = self._covered[(start_key, end_key)] = _covered(self._spans, start_key, end_key)
+                known = self._covered[(start_key, end_key)] = self._index.covered(start_key, end_key)
             return known
 
     def _check_range(self, start_key: str, end_key: str) -> None:
@@ -221,7 +268,13 @@ class LocalCache:
 
     def _holds(self, key: str, revision: int) -> bool:
         """Under the lock: whether an event at `revision` on `key` changes what the cache holds."""
-        return any(s.holds(key) and s.pending is None and revision > s.loaded_at for s in self._spans)
+        return any(s.holds(key) and s.pending is None and revision > s.loaded_at for s in self._index.around(key))
+
+    def _set_spans(self, spans: list[Span]) -> None:
+        """Under the lock: the spans from now on."""
+        self._spans = spans
+        self._index = SpanIndex(spans)
+        self._covered.clear()
 
     # ---- spans added and dropped while running ----------------------------------------------
 
@@ -232,14 +285,12 @@ class LocalCache:
         span = Span(start_key, end_key, keep, pending=[])
         with self._layout:
             with self._cond:
-                self._spans.append(span)  # events from here on are kept in `pending`
-                self._covered.clear()
+                self._set_spans([*self._spans, span])  # events from here on are kept in `pending`
             try:
                 read = self._store.range_at(start_key, end_key)
             except BaseException:
                 with self._cond:
-                    self._spans.remove(span)
-                    self._covered.clear()
+                    self._set_spans([s for s in self._spans if s is not span])
                 raise
             with self._cond:
                 for key, value in read.kvs:
@@ -267,11 +318,10 @@ class LocalCache:
                     kept.append(Span(span.start, start_key, span.keep, span.loaded_at, span.pending))
                 if end_key < span.end:
                     kept.append(Span(end_key, span.end, span.keep, span.loaded_at, span.pending))
-            self._spans = kept
-            self._covered.clear()
+            self._set_spans(kept)
             lo = bisect.bisect_left(self._keys, start_key)
             hi = bisect.bisect_left(self._keys, end_key, lo)
-            gone = [k for k in self._keys[lo:hi] if not any(s.holds(k) for s in kept)]
+            gone = [k for k in self._keys[lo:hi] if not any(s.holds(k) for s in self._index.around(k))]
             for key in gone:
                 del self._values[key]
             if gone:
@@ -371,7 +421,7 @@ class LocalCache:
         with self._cond:
             if generation != self._generation or self._closed:
                 return
-            for span in self._spans:
+            for span in self._index.around(event.key):
                 if span.pending is not None and span.holds(event.key):
                     span.pending.append(event)  # its listing is under way: applied after it
             covered = self._holds(event.key, event.revision)
@@ -429,20 +479,6 @@ class LocalCache:
         finally:
             with self._cond:
                 self._recovering = False
-
-
-def _covered(spans: list[Span], start_key: str, end_key: str) -> bool:
-    """Whether `spans` hold `[start_key, end_key)`: one of them, or unfiltered ones end to end."""
-    ready = [s for s in spans if s.pending is None]
-    if any(s.start <= start_key and end_key <= s.end for s in ready):
-        return True
-    reached = start_key
-    for span in sorted((s for s in ready if s.keep is None), key=lambda s: s.start):
-        if span.start <= reached < span.end:
-            reached = span.end
-            if end_key <= reached:
-                return True
-    return False
 
 
 def _differences(old: dict[str, bytes], new: dict[str, bytes], revision: int) -> list[WatchEvent]:

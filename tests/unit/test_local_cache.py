@@ -16,7 +16,7 @@ import pytest
 from danube_core.cached_store import CachedMetadataStore
 from danube_core.errors import StaleCacheError
 from danube_core.keys import padded_offset
-from danube_core.local_cache import LocalCache
+from danube_core.local_cache import LocalCache, Span, SpanIndex
 from danube_core.metadata import MemoryMetadataStore, MetadataStore, RangeRead, WatchEvent
 from tests.rig import CountingStore, eventually
 
@@ -198,6 +198,24 @@ class LocalCacheContract:
         finally:
             cache.close()
 
+    def test_keys_held_counts_what_the_spans_hold_as_they_come_and_go(self, store, prefix):
+        for name in ("a", "b"):
+            for i in range(5):
+                store.put(f"{prefix}{name}/{i}", b"v")
+        cache = LocalCache(store, [prefix + "a/"], watch_prefix=prefix, name="test").start()
+        try:
+            assert cache.keys_held == 5
+            cache.cover(prefix + "b/", prefix + "b0", keep=lambda key: not key.endswith("/4"))
+            assert cache.keys_held == 9
+            store.delete(prefix + "a/0")
+            revision = store.put(prefix + "outside", b"not held")
+            cache.wait_for_revision(revision, WAIT_S)
+            assert cache.keys_held == 8
+            cache.uncover(prefix + "b/", prefix + "b0")
+            assert cache.keys_held == 4
+        finally:
+            cache.close()
+
     def test_a_change_made_while_a_cover_lists_is_applied_after_it(self, store, prefix):
         class WriteDuringListing:
             """The store, with a write landing right after `cover`'s listing read."""
@@ -316,6 +334,37 @@ def test_nested_prefixes_are_listed_once():
         assert cache.prefixes == ["/p/"]
         assert cache.get_prefix("/p/") == [("/p/a/k", b"v")]
         cache.close()
+
+
+def _scan_covered(spans: list[Span], start_key: str, end_key: str) -> bool:
+    """What `covers` answers, by a scan of every span (the index must agree)."""
+    ready = [s for s in spans if s.pending is None]
+    if any(s.start <= start_key and end_key <= s.end for s in ready):
+        return True
+    reached = start_key
+    for span in sorted((s for s in ready if s.keep is None), key=lambda s: s.start):
+        if span.start <= reached < span.end:
+            reached = span.end
+            if end_key <= reached:
+                return True
+    return False
+
+
+def test_span_index_finds_what_a_scan_of_every_span_finds():
+    rng = random.Random(25)
+    letters = "abcdefghij"
+    for _ in range(300):
+        spans = []
+        for _ in range(rng.randrange(1, 12)):
+            start, end = sorted(rng.sample(letters, 2))
+            keep = (lambda key: key[-1] in "aeiou") if rng.random() < 0.2 else None
+            spans.append(Span(start, end, keep, pending=[] if rng.random() < 0.1 else None))
+        index = SpanIndex(spans)
+        for _ in range(30):
+            key = rng.choice(letters) + rng.choice(["", "m"])
+            assert {id(s) for s in index.around(key)} == {id(s) for s in spans if s.start <= key < s.end}
+            start, end = rng.choice(letters), rng.choice(letters) + rng.choice(["", "m"])
+            assert index.covered(start, end) == _scan_covered(spans, start, end), (spans, start, end)
 
 
 def test_memory_store_reads_at_past_revisions_and_refuses_compacted_ones():
