@@ -213,6 +213,78 @@ def test_the_front_answers_sends_and_forwards_other_calls():
     asyncio.run(scenario())
 
 
+class _TinyFrameUpstream:
+    """An HTTP/2 server that answers every request with `count` gRPC messages cut into 1-byte
+    DATA frames, all written at once: the most small frames per byte a peer can send. Frames
+    are raw (RFC 9113 §4, HPACK literals), since gRPC servers choose their own framing; the
+    front's connection to its upstream must take them as the peer's framing, not a flood."""
+
+    PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.goaway: bytes | None = None  # the debug data of a GOAWAY the front sent, if any
+
+    @staticmethod
+    def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+        return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+    def response(self, stream: int) -> bytes:
+        status = b"\x88" + b"\x0f\x10" + bytes([16]) + b"application/grpc"  # :status 200, content-type
+        body = b"".join(b"\x00" + len(m).to_bytes(4, "big") + m
+                        for m in (pb.StreamMessage(request_id=i).SerializeToString() for i in range(self.count)))
+        trailers = b"\x00\x0bgrpc-status\x010"
+        return (self.frame(1, 0x4, stream, status) + b"".join(self.frame(0, 0, stream, body[i:i + 1]) for i in range(len(body)))
+                + self.frame(1, 0x5, stream, trailers))
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            assert await reader.readexactly(len(self.PREFACE)) == self.PREFACE
+            writer.write(self.frame(4, 0, 0))
+            while True:
+                header = await reader.readexactly(9)
+                length, kind, flags = int.from_bytes(header[:3], "big"), header[3], header[4]
+                stream = int.from_bytes(header[5:], "big") & 0x7FFF_FFFF
+                payload = await reader.readexactly(length)
+                if kind == 4 and not flags & 0x1:
+                    writer.write(self.frame(4, 0x1, 0))  # SETTINGS ack
+                elif kind == 6 and not flags & 0x1:
+                    writer.write(self.frame(6, 0x1, 0, payload))  # PING ack
+                elif kind == 1:
+                    writer.write(self.response(stream))
+                elif kind == 7:
+                    self.goaway = payload[8:]
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+def test_an_upstream_sending_many_tiny_data_frames_keeps_its_connection():
+    """h2 counts small unread DATA frames against a budget and closes the connection past it
+    (GOAWAY ENHANCE_YOUR_CALM "too_many_data_frames"), failing every call on it: the broker's
+    consumers saw their acks CANCELLED when a slow reader let its stream's frames pile up in the
+    front. The front's connection to its own Python server must take whatever framing it sends."""
+    count = 200  # about 2,000 one-byte frames, 20 times h2's default budget
+
+    async def scenario() -> None:
+        upstream = _TinyFrameUpstream(count)
+        server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+        front = GrpcFront("127.0.0.1:0", f"127.0.0.1:{server.sockets[0].getsockname()[1]}", 1000)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{front.port}") as channel:
+                for request_id in (1, 2):  # the second call on the same upstream connection
+                    call = pb_grpc.ConsumerServiceStub(channel).ReceiveMessages(
+                        pb.ConsumerRequest(request_id=request_id))
+                    received = [m.request_id async for m in call]
+                    assert received == list(range(count)), (await call.code(), await call.details())
+            assert upstream.goaway is None
+        finally:
+            await asyncio.to_thread(front.close)
+            server.close()
+
+    asyncio.run(scenario())
+
+
 def test_an_unreachable_services_server_is_unavailable_naming_it():
     async def scenario() -> None:
         front = GrpcFront("127.0.0.1:0", f"127.0.0.1:{free_port()}", 1000)

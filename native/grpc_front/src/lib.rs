@@ -35,6 +35,11 @@ const GRPC_OK: u16 = 0;
 const GRPC_INTERNAL: u16 = 13;
 const GRPC_UNAVAILABLE: u16 = 14;
 const GRPC_RESOURCE_EXHAUSTED: u16 = 8;
+/// Flow-control windows of the loopback connection to the Python server (see `GrpcFront::new`):
+/// 8 MiB per call keeps large messages moving at loopback speed; the connection's 1 GiB sets
+/// h2's small-DATA-frame budget to 512 MiB of framing overhead.
+const UPSTREAM_STREAM_WINDOW: u32 = 8 << 20;
+const UPSTREAM_CONNECTION_WINDOW: u32 = 1 << 30;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 /// What `next_batch` hands Python: (ticket, serialized StreamMessage) pairs.
@@ -333,7 +338,18 @@ impl GrpcFront {
             .enable_all()
             .build()
             .map_err(|error| PyOSError::new_err(format!("cannot start the gRPC front's runtime: {error}")))?;
-        let client = Client::builder(TokioExecutor::new()).http2_only(true).http2_adaptive_window(true).build_http();
+        // The upstream is this broker's own Python server on loopback. Its responses are often
+        // many small DATA frames (one gRPC message each) that wait in this client until the
+        // downstream client takes them; h2 counts small unread frames against a budget of half
+        // the connection window and closes the connection (GOAWAY ENHANCE_YOUR_CALM
+        // "too_many_data_frames") when a slow reader lets them pile up, failing every call on it.
+        // A large connection window makes that budget larger than the frames any stream window
+        // can hold; the stream window bounds what one call buffers.
+        let client = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .http2_initial_stream_window_size(UPSTREAM_STREAM_WINDOW)
+            .http2_initial_connection_window_size(UPSTREAM_CONNECTION_WINDOW)
+            .build_http();
         let shared = Arc::new(Shared {
             inbox: Inbox::new(),
             upstream: upstream.to_string(),
