@@ -7,4 +7,4 @@ set -euo pipefail
 # source lookup (pkgutil.iter_modules) finds `pyspark_danube` and format("danube") needs no call.
 cd "$(dirname "$0")"
 python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -c constraints.txt -e ".[all]"
-exec python3 -m pipelines demo "$@"
+exec python3 -m devstack demo "$@"

@@ -144,7 +144,7 @@ def run_case(spec: dict) -> dict:
     from broker.topics_registry import TopicRegistry
     from danube_core.cached_store import CachedMetadataStore
     from danube_core.local_cache import LocalCache
-    from danube_core.metadata import EtcdMetadataStore
+    from danube_core.metadata_etcd import EtcdMetadataStore
 
     store = EtcdMetadataStore(spec["endpoint"])
     topics, served, whole_tree = spec["topics"], spec["served"], spec["mode"] == "whole tree"
@@ -199,7 +199,7 @@ def foreign_write_cpu_us(cache, spec: dict) -> float:
 def write_foreign_main(spec_json: str) -> int:
     """Child of a case: write the foreign cursor updates one put each (as cursor flushes are),
     print the revision of the last one."""
-    from danube_core.metadata import EtcdMetadataStore
+    from danube_core.metadata_etcd import EtcdMetadataStore
 
     spec = json.loads(spec_json)
     store = EtcdMetadataStore(spec["endpoint"])
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_foreign:
         return write_foreign_main(args.write_foreign)
     from bench_connector import put_all
-    from broker.embedded_etcd import EmbeddedEtcd
+    from devstack.embedded_etcd import EmbeddedEtcd
 
     sizes = [int(n) for n in args.topics.split(",")]
     if min(sizes) < args.served or args.brokers < 2:

@@ -49,11 +49,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from common import tree_cpu_s  # noqa: E402
-from danube_core.metadata import EtcdMetadataStore  # noqa: E402
+from danube_core.metadata_etcd import EtcdMetadataStore  # noqa: E402
 from danube_core.schema_registry import register_schema  # noqa: E402
 from pipelines.config import parse_config  # noqa: E402
-from pipelines.demo import ORDER_SCHEMA  # noqa: E402
-from pipelines.embedded import EmbeddedStack  # noqa: E402
+from devstack.demo import ORDER_SCHEMA  # noqa: E402
+from devstack.broker_stack import EmbeddedStack  # noqa: E402
 from pipelines.runner import PipelineRunner  # noqa: E402
 from pipelines.session import build_session  # noqa: E402
 

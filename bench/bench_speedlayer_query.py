@@ -138,9 +138,9 @@ def concurrent_load(gateway: str, tenant: str, rows: int, clients: int, seconds:
 
 
 def speed_layer_phase(path: str, rows: int, samples: int, seconds: float, phases: dict) -> dict:
-    from broker.embedded_etcd import EmbeddedEtcd
+    from devstack.embedded_etcd import EmbeddedEtcd
     from speedlayer.client import QueryClient
-    from speedlayer.embedded import EmbeddedSpeedLayer
+    from devstack.speedlayer_stack import EmbeddedSpeedLayer
 
     rng = random.Random(1)
     root = Path(tempfile.mkdtemp(prefix="bench-speedlayer-query-"))

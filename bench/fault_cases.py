@@ -21,7 +21,7 @@ from typing import Any, Callable
 import yaml
 
 from bench.fault_kit import AckingProducer, Broker, Etcd, Pipeline, pipeline_config, poll, tally
-from pipelines.fault_hook import ENV_DELAY_MS, ENV_MARKERS, ENV_STEPS
+from bench.fault_hook import ENV_DELAY_MS, ENV_MARKERS, ENV_STEPS
 
 PIPELINE_TIMEOUT_S = 600.0
 
@@ -165,7 +165,7 @@ def broker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
 
 
 def driver_kill9(workdir: Path, etcd: Etcd, sizes: Sizes, steps: tuple[str, ...]) -> dict:
-    """The pipeline's driver SIGKILLed at each of `steps` of a batch (pipelines.fault_hook),
+    """The pipeline's driver SIGKILLed at each of `steps` of a batch (bench.fault_hook),
     restarted until it completes. recovery_s: the last restart -> the pipeline done."""
     with Rig(workdir, etcd, "driver-kill", sizes) as rig:
         producer = rig.produce(sizes.before + sizes.after)

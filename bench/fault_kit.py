@@ -10,8 +10,9 @@ that counts lost and duplicated messages in Delta.
 * `TcpProxy`: a loopback TCP proxy that passes, delays every chunk, or drops connections.
 * `S3FaultProxy`: an HTTP proxy in front of moto answering 503 SlowDown, or resetting
   connections, while told to.
-* `Pipeline`: `python -m pipelines run <yaml>` in its own process group (kill -9 reaches the
-  driver, its JVM and its Python workers).
+* `Pipeline`: `python -m bench.fault_pipeline run <yaml>` (`python -m pipelines run` with the
+  fault hooks passed in) in its own process group (kill -9 reaches the driver, its JVM and its
+  Python workers).
 * `delta_ids` + `tally`: which message ids the target and quarantine tables hold, read from
   the Delta log and Parquet files with pyarrow (no Spark), and the lost/duplicated counts.
 
@@ -37,7 +38,8 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import yaml
 
-from broker.embedded_etcd import etcd_binary, free_port, wait_for_port
+from devstack.embedded_etcd import etcd_binary
+from devstack.ports import free_port, wait_for_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BAD_EVERY = 7
@@ -148,7 +150,7 @@ class Broker:
 
 
 class Pipeline:
-    """`python -m pipelines run <yaml>` in a process group of its own."""
+    """`python -m bench.fault_pipeline run <yaml>` in a process group of its own."""
 
     def __init__(self, config_path: Path, log_path: Path, env: dict | None = None) -> None:
         self.config_path, self.log_path, self.env = config_path, log_path, env or {}
@@ -157,7 +159,7 @@ class Pipeline:
     def start(self) -> "Pipeline":
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pipelines", "run", str(self.config_path)], cwd=str(REPO_ROOT),
+                [sys.executable, "-m", "bench.fault_pipeline", "run", str(self.config_path)], cwd=str(REPO_ROOT),
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
         return self

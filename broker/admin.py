@@ -27,7 +27,8 @@ from typing import Any, TextIO
 
 from danube_core.errors import ConfigError, DanubeError, InvalidTopicNameError, MetadataUnavailableError
 from danube_core.keys import DEFAULT_ROOT_PREFIX, StorageKeys, parse_object_key
-from danube_core.metadata import EtcdMetadataStore, MetadataStore
+from danube_core.metadata import MetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import NON_RELIABLE, RELIABLE, CurPointer, ObjectDescriptor, SealedState
 from danube_core.topics import TopicName
 

@@ -20,9 +20,9 @@ import time
 from typing import Callable
 
 from danube_core.checkpoints import UploaderCheckpoint, read_checkpoint
+from danube_core.wal_files import WalSegment
 
 from broker.wal import Wal
-from broker.wal_files import WalSegment
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ import grpc
 
 from broker.cluster import ClusterMembership
 from broker.config import BrokerConfig
-from broker.embedded_etcd import EmbeddedEtcd
 from broker.grpc_services import add_services
 from broker.identity import (
     BrokerIdentity,
@@ -50,9 +49,11 @@ from danube_core.cached_store import CachedMetadataStore
 from danube_core.election import LeaseElection
 from danube_core.errors import ConfigError
 from danube_core.keys import topic_root_key
-from danube_core.metadata import EtcdMetadataStore, Lease, MetadataStore
+from danube_core.metadata import Lease, MetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import BrokerRegistration, dump_u64
 from danube_core.topics import TopicName
+from devstack.embedded_etcd import EmbeddedEtcd  # `meta_store.embedded`: the development default
 
 logger = logging.getLogger(__name__)
 

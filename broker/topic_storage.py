@@ -60,13 +60,13 @@ from danube_core.metadata import MetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import SealedState
 from danube_core.topics import TopicName
+from danube_core.wal_files import segment_seq
 
 from broker.cursors import SubscriptionCursor
 from broker.retention import WalRetention
 from broker.tiered_reader import DescriptorCatalog, TieredReader
 from broker.uploader import ReadOnlyWal, Uploader, uploader_checkpoint_path
 from broker.wal import Wal, WalConfig
-from broker.wal_files import segment_seq
 
 logger = logging.getLogger(__name__)
 

@@ -42,10 +42,10 @@ from danube_core.metadata import MetadataStore
 from danube_core.objectstore import ObjectStore, object_id_for, parse_object_id
 from danube_core.records import CurPointer, ObjectDescriptor
 from danube_core.topics import TopicName
+from danube_core.wal_files import DEFAULT_FILE_NAME, WalSegment, list_segments, scan_segment
 
 from broker.tiered_reader import DescriptorCatalog, pending_frame_bytes
 from broker.wal import Wal
-from broker.wal_files import DEFAULT_FILE_NAME, WalSegment, list_segments, scan_segment
 
 logger = logging.getLogger(__name__)
 

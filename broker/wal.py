@@ -39,8 +39,7 @@ from danube_core.errors import ConfigError, DanubeError
 from danube_core.frames import FRAME_HEADER_SIZE, STOP_END, encode_frame
 from danube_core.message import StreamMessage, encode_message, with_offset
 from danube_core.topics import TopicName
-
-from broker.wal_files import (
+from danube_core.wal_files import (
     DEFAULT_FILE_NAME,
     SegmentScan,
     WalSegment,

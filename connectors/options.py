@@ -23,6 +23,7 @@ from danube_core.keys import DEFAULT_ROOT_PREFIX
 from danube_core.topics import TopicName
 
 from connectors import option_values as values
+from connectors.wal_root import WAL_AUTO, WAL_NONE, WAL_ROOT_FORMS, parse_wal_map  # walRoot's keywords and forms
 
 if TYPE_CHECKING:
     from danube_core.metadata import MetadataStore
@@ -40,8 +41,6 @@ STORAGE_URL = "storage.url"
 STORAGE_OPTIONS = "storage.options"
 STORAGE_PREFIX = "storage."
 WAL_ROOT = "walRoot"
-WAL_AUTO = "auto"  # walRoot keywords; the other forms are parsed by connectors.wal_scan
-WAL_NONE = "none"
 # ---- what -------------------------------------------------------------------------------------
 TOPIC = "topic"
 TOPIC_PATTERN = "topicPattern"
@@ -125,7 +124,7 @@ class EtcdSettings:
 
     def connect(self) -> "MetadataStore":
         """An etcd metadata store; MetadataUnavailableError naming the endpoints if unreachable."""
-        from danube_core.metadata import EtcdMetadataStore
+        from danube_core.metadata_etcd import EtcdMetadataStore
 
         return EtcdMetadataStore(
             self.endpoints, user=self.user, password=self.password, ca_cert=self.ca_cert,
@@ -349,8 +348,6 @@ def _root_prefix(opts: Mapping[str, str]) -> str:
 
 
 def _wal_root(opts: Mapping[str, str]) -> str:
-    from connectors.wal_scan import WAL_ROOT_FORMS, parse_wal_map
-
     value = values.get(opts, WAL_ROOT)
     if value is None or value.lower() in (WAL_AUTO, WAL_NONE):
         return WAL_AUTO if value is None else value.lower()

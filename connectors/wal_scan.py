@@ -23,7 +23,6 @@ frames of the same `wal.log` (§6.6), which starts a new run.
 
 from __future__ import annotations
 
-import json
 import logging
 import posixpath
 from dataclasses import dataclass
@@ -31,13 +30,13 @@ from typing import Sequence
 
 import numpy as np
 
-from connectors.options import WAL_AUTO
 from connectors.snapshot import WalRun, chain_wal_runs
+from connectors.wal_root import BROKER_ID_FIELD, WAL_AUTO, parse_wal_map
 from danube_core import keys
 from danube_core.checkpoints import (
     UPLOADER_CHECKPOINT_NAME, WAL_CHECKPOINT_NAME, UploaderCheckpoint, WalCheckpoint,
 )
-from danube_core.errors import CheckpointError, ConfigError
+from danube_core.errors import CheckpointError
 from danube_core.metadata import MetadataStore
 from danube_core.objectstore import normalize_url, translate_error
 from danube_core.records import BrokerRegistration, BrokerState
@@ -45,36 +44,7 @@ from danube_core.topics import TopicName
 
 logger = logging.getLogger(__name__)
 
-BROKER_ID_FIELD = "{broker_id}"
 SCAN_CHUNK_BYTES = 8 * 1024 * 1024
-WAL_ROOT_FORMS = ("'auto', 'none', an fsspec URL or path of a shared WAL root, a URL template "
-                  "with {broker_id}, or a JSON object {\"<broker id>\": \"<WAL root URL>\"}")
-
-
-def parse_wal_map(value: str) -> dict[int, str] | None:
-    """The JSON-map form of `walRoot` (`{"<broker id>": "<url>"}`), None for the other forms.
-
-    ConfigError naming the option and the bad entry when the map is malformed.
-    """
-    if not value.lstrip().startswith("{"):
-        return None
-    try:
-        raw = json.loads(value)
-    except ValueError as exc:
-        raise ConfigError(f"invalid value {value!r} for option 'walRoot': expected {WAL_ROOT_FORMS} "
-                          f"({exc})") from exc
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f"invalid value {value!r} for option 'walRoot': expected {WAL_ROOT_FORMS}")
-    parsed: dict[int, str] = {}
-    for broker, url in raw.items():
-        if not (isinstance(broker, str) and broker.isdigit() and int(broker) < 2**64):
-            raise ConfigError(f"option 'walRoot': key {broker!r} is not a broker id (a decimal u64, "
-                              "as in /cluster/register/<id>)")
-        if not isinstance(url, str) or not url.strip():
-            raise ConfigError(f"option 'walRoot': broker {broker} maps to {url!r}; expected the URL "
-                              "or path of that broker's WAL root (its wal_cloud.wal.dir)")
-        parsed[int(broker)] = url.strip()
-    return parsed
 
 
 @dataclass(frozen=True)
@@ -258,7 +228,7 @@ class WalDirScanner:
         """
         from fsspec.core import url_to_fs
 
-        from broker.wal_files import list_segments
+        from danube_core.wal_files import list_segments
 
         try:
             fs, path = url_to_fs(normalize_url(dir_url), **options)

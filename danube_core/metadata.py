@@ -1,10 +1,13 @@
-"""The metadata store: etcd's key space behind one small interface, plus an in-process twin.
+"""The metadata store: etcd's key space behind one small interface (the interface only).
 
 The broker and the connector's driver read and write Danube's etcd keys (spec §5) only through
 `MetadataStore`: keys are `str`, values are the exact JSON `bytes` (never re-encoded here, so
-u64 ids stay exact). `EtcdMetadataStore` talks to a real etcd; `MemoryMetadataStore` has the
-same semantics (sorted range reads, transactions, leases that expire, asynchronous watches)
-for unit tests and the `memory` metadata backend. Watch callbacks run on one dispatcher thread
+u64 ids stay exact). The implementations live in their own modules and import this one, never
+the other way round: `danube_core.metadata_etcd.EtcdMetadataStore` talks to a real etcd;
+`danube_core.metadata_memory.MemoryMetadataStore` has the same semantics (sorted range reads,
+transactions, leases that expire, asynchronous watches) for unit tests and the `memory`
+metadata backend. Whoever builds a store imports the one it builds, so a user of the memory
+store never loads grpc/pyetcd. Watch callbacks run on one dispatcher thread
 per store, in event order, so a callback may call back into the store.
 
 Revisions are etcd's: every write gets the store's next revision (`put` returns it), a
@@ -13,7 +16,7 @@ start at a revision so that "read at R, then watch from R + 1" misses nothing. A
 `on_lost` reports a broken stream or a compacted start revision to its owner (who re-reads)
 instead of resuming on its own; `danube_core.local_cache.LocalCache` is built on that.
 
-Every etcd/gRPC failure is translated here: an unreachable etcd becomes
+Every etcd/gRPC failure is translated by the etcd store: an unreachable etcd becomes
 `MetadataUnavailableError` (retriable; names the endpoints, the operation and the key), anything
 else `MetadataError` naming the key. Reads are retried through `danube_core.retry`.
 """
@@ -354,19 +357,3 @@ def check_value(key: str, value: bytes) -> None:
 def check_ttl(ttl_s: int) -> None:
     if not isinstance(ttl_s, int) or ttl_s < 1:
         raise ValueError(f"lease ttl_s={ttl_s!r}: expected an integer number of seconds >= 1")
-
-
-
-
-def __getattr__(name: str):
-    """Lazy access to the two implementations, so `from danube_core.metadata import
-    EtcdMetadataStore` works without importing grpc/pyetcd for users of the memory store."""
-    if name == "EtcdMetadataStore":
-        from danube_core.metadata_etcd import EtcdMetadataStore
-
-        return EtcdMetadataStore
-    if name == "MemoryMetadataStore":
-        from danube_core.metadata_memory import MemoryMetadataStore
-
-        return MemoryMetadataStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,8 +35,8 @@ dbutils.widgets.text("max_rows", "20", "rows to show")
 import json
 
 import connectors
-from connectors.notebook_widgets import millis
-from connectors.notebook_widgets import source_options as source_options_from
+from notebook_widgets import millis
+from notebook_widgets import source_options as source_options_from
 from connectors.topic_inspector import DescriptorRow, SealedRow, SubscriptionLag, TopicInspector, TopicOverview, rows
 from pyspark.sql import functions as F
 

@@ -33,8 +33,8 @@ dbutils.widgets.text("max_versions", "20", "newest versions to reconcile")
 import json
 
 import connectors
-from connectors.notebook_widgets import millis
-from connectors.notebook_widgets import source_options as source_options_from
+from notebook_widgets import millis
+from notebook_widgets import source_options as source_options_from
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 

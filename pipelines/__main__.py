@@ -1,4 +1,4 @@
-"""`python -m pipelines run <file.yaml>` runs a pipeline; `python -m pipelines demo` runs the demo.
+"""`python -m pipelines run <file.yaml>` runs a pipeline (the demo is `python -m devstack demo`).
 
 `run` blocks until an availableNow pipeline has read everything, or until SIGINT/SIGTERM stops a
 processingTime pipeline (the batch in flight is replayed on the next start: exactly once).
@@ -18,6 +18,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from danube_core.errors import ConfigError, MetadataError, ObjectStoreError
+from pipelines.batch_hooks import NO_HOOKS, BatchHooks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -25,29 +26,30 @@ if TYPE_CHECKING:
 logger = logging.getLogger("pipelines")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, hooks: BatchHooks = NO_HOOKS) -> int:
+    """The command; `hooks` act at the steps of each batch (the fault battery's entry point,
+    `bench/fault_pipeline.py`, passes its own; nothing happens by default)."""
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the pipeline declared in a YAML file")
     run.add_argument("config", help="conf/pipelines/<name>.yaml")
-    demo = commands.add_parser("demo", help="the one-command demo on the embedded defaults")
-    demo.add_argument("--data-dir", default=None, help="where to keep etcd, WAL, objects, Delta (default: a temp dir)")
-    demo.add_argument("--messages", type=int, default=200, help="how many messages to produce")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("py4j", "great_expectations"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging(args.log_level)
     try:
-        if args.command == "run":
-            return _run(args.config)
-        from pipelines.demo import run_demo
-
-        return run_demo(data_dir=args.data_dir, messages=args.messages)
+        return _run(args.config, hooks)
     except ConfigError as exc:
         return _refused(exc, 2)
     except (MetadataError, ObjectStoreError) as exc:  # raised here only before the query starts
         return _refused(exc, 3)
+
+
+def configure_logging(level: str) -> None:
+    """Timestamped log lines at `level` for a pipeline's process (and the demo's, `devstack`);
+    py4j and great-expectations only from WARNING, their INFO lines bury the pipeline's own."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("py4j", "great_expectations"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _refused(exc: Exception, code: int) -> int:
@@ -57,12 +59,12 @@ def _refused(exc: Exception, code: int) -> int:
     return code
 
 
-def _run(path: str) -> int:
+def _run(path: str, hooks: BatchHooks) -> int:
     from pipelines.config import load_config
     from pipelines.runner import PipelineRunner
 
     config = load_config(path)
-    runner = PipelineRunner(config)
+    runner = PipelineRunner(config, hooks=hooks)
 
     def stop(signum: int, _frame: object) -> None:
         logger.info("signal %d: stopping pipeline %s", signum, config.name)

@@ -62,6 +62,7 @@ from pyspark.sql import functions as F
 from connectors.cursor_commit import commit_cursors
 from connectors.subscription_lock import LockToken
 from danube_core.metadata import MetadataStore
+from pipelines.batch_hooks import NO_HOOKS, BatchHooks
 from pipelines.batch_summary import collected_columns, decodable_rows, summarize, summarize_and_collect
 from pipelines.batch_trail import SplitDecision, TableTrail, check_checkpoint, pipeline_tables, read_trail
 from pipelines.checkpoint_state import CheckpointState, OffsetsLog, PlannedRange, missing_offsets, read_state
@@ -70,7 +71,6 @@ from pipelines.decode import DECODE_ERROR, META_COLUMNS, PAYLOAD, Decoder
 from pipelines.delta_state import TableStateWarmer
 from pipelines.expectations import FAILED, BatchQuality, QualityGate, mark_failures, no_failures
 from pipelines.expressions import ExpressionCache
-from pipelines.fault_hook import fault_point, fault_window, faulting_store
 from pipelines.metrics import BatchReport, OffsetSpan, PipelineMetrics
 from pipelines.schema_registry import SubjectSchemas
 from pipelines.speedlayer_feed import CommitAnnouncer
@@ -92,6 +92,7 @@ class DeltaBatchWriter:
         metadata: MetadataStore,
         metrics: PipelineMetrics,
         clock: Callable[[], float] = time.monotonic,
+        hooks: BatchHooks = NO_HOOKS,
     ) -> None:
         self.config = config
         self.decoder = decoder
@@ -100,6 +101,7 @@ class DeltaBatchWriter:
         self.metadata = metadata
         self.metrics = metrics
         self.clock = clock
+        self.hooks = hooks  # the fault battery's, else nothing (`pipelines.batch_hooks`)
         self._checkpoint_id: tuple[str | None] | None = None  # read once: fixed for the query's life
         self._offsets: OffsetsLog | None = None
         self.lock: LockToken | None = None  # the subscription lock that planned the last batch
@@ -138,12 +140,12 @@ class DeltaBatchWriter:
             metadata = commit_metadata(self.config.name, batch_id, spans, checkpoint=checkpoint,
                                        decision=decision, lost=lost, counts=counts)
             written = self._write_tables(marked, counts, quality, batch_id, metadata)
-            fault_point("after_quarantine_write")  # test hook (pipelines.fault_hook), inert unless armed
+            self.hooks.at("after_quarantine_write")
             self._remember(written, checkpoint, batch_id, decision, spans)
             timings["write"] = self.clock() - mark
             mark = self.clock()
             cursors = commit_cursors(self.reader_options, cursor_ends(spans, planned),
-                                     metadata=faulting_store(self.metadata), lock=lock)
+                                     metadata=self.hooks.cursor_store(self.metadata), lock=lock)
             timings["cursor"] = self.clock() - mark
             if self.announcer is not None and self.config.target.location in written:
                 mark = self.clock()
@@ -238,9 +240,9 @@ class DeltaBatchWriter:
                                                             merge_schema=True))
         try:
             if counts["valid"]:
-                with fault_window("during_target_write"):
+                with self.hooks.around("during_target_write"):
                     written.append(self._write(target_rows(marked, self.expressions), self.config.target, batch_id, metadata))
-                fault_point("after_target_write")
+                self.hooks.at("after_target_write")
         except BaseException:
             if quarantine is not None:  # let it finish (or fail) before the batch fails
                 try:

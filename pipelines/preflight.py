@@ -78,7 +78,7 @@ def check_subject(config: PipelineConfig, metadata: MetadataStore) -> None:
         raise ConfigError(
             f"{config.file}: decode.subject: schema registry subject {subject!r} is not registered in etcd "
             f"{config.source.etcd_endpoints}; register it through the broker (danube-client "
-            f"`client.schema().register_schema({subject!r})`, as `python -m pipelines demo` does) "
+            f"`client.schema().register_schema({subject!r})`, as `python -m devstack demo` does) "
             "or set decode.inline_schema instead"
         ) from exc
 

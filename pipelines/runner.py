@@ -28,6 +28,7 @@ from connectors import options as opt
 from connectors.subscription_lock import release_after_stop
 from danube_core.errors import ConfigError, DanubeError, SubscriptionBusyError, error_type_in
 from danube_core.metadata import MetadataStore
+from pipelines.batch_hooks import NO_HOOKS, BatchHooks
 from pipelines.batch_trail import check_checkpoint, pipeline_tables, read_trail
 from pipelines.checkpoint_state import read_state
 from pipelines.config import AVAILABLE_NOW, PipelineConfig, SourceConfig
@@ -116,8 +117,10 @@ def _text(value: int | None) -> str | None:
 class PipelineRunner:
     """Starts, runs and stops one pipeline's streaming query."""
 
-    def __init__(self, config: PipelineConfig, spark: SparkSession | None = None) -> None:
+    def __init__(self, config: PipelineConfig, spark: SparkSession | None = None, *,
+                 hooks: BatchHooks = NO_HOOKS) -> None:
         self.config = config
+        self.hooks = hooks  # passed to the sink: the fault battery's (`pipelines.batch_hooks`)
         self.options = {**lost_offsets_option(config), **reader_options(config.source)}
         try:
             parsed = opt.parse_options(self.options)
@@ -156,7 +159,8 @@ class PipelineRunner:
         The checkpoint is checked against the tables first (`check_checkpoint`); the sink
         checks again before every batch it writes."""
         self.check_checkpoint()
-        writer = DeltaBatchWriter(self.config, self.decoder, self.gate, self.options, self.metadata, self.metrics)
+        writer = DeltaBatchWriter(self.config, self.decoder, self.gate, self.options, self.metadata, self.metrics,
+                                  hooks=self.hooks)
         self._writer = writer
         stream = observe_input(self.spark.readStream.format("danube").options(**self.options).load())
         builder = (

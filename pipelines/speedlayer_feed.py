@@ -11,18 +11,17 @@ the rest of the file's schema does not change):
       # key_root: ""                    # the speed layer's etcd.key_root
       # storage_options: {}             # delta-rs options to read the target's version (S3 keys)
 
-After a batch's Delta commits *and* its cursor commit, the sink puts
-`{key_root}/announce/{tenant}/{dataset}` = {table_uri, version, writer, committed_ms}
-(`speedlayer.records.Announcement`); the leading master watches those keys and plans the next
-epoch at once instead of at its next poll. Announcing is best effort: the master also polls,
-so a failed announcement is logged and counted (`PipelineMetrics.totals()["announce_failures"]`)
-and never fails the batch.
+After a batch's Delta commits *and* its cursor commit, the sink announces the target's new
+version through the speed layer's public `speedlayer.announce.announce` (the key and record are
+the speed layer's business, not the pipeline's); the leading master watches those announcements
+and plans the next epoch at once instead of at its next poll. Announcing is best effort: the
+master also polls, so a failed announcement is logged and counted
+(`PipelineMetrics.totals()["announce_failures"]`) and never fails the batch.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -45,25 +44,20 @@ class SpeedLayerFeed:
 
 def check_feed(feed: SpeedLayerFeed) -> list[tuple[str, str]]:
     """(key, problem) pairs for the config loader to report with the file's name."""
-    from speedlayer.keys import SpeedLayerKeys, valid_id
+    from speedlayer.announce import announce_problems
 
-    problems = [(f"speedlayer.{name}", f"{getattr(feed, name)!r}: expected 1-128 of letters, digits, '_', '.', '-'")
-                for name in ("tenant", "dataset") if not valid_id(getattr(feed, name))]
-    try:
-        SpeedLayerKeys(feed.key_root)
-    except ValueError as exc:
-        problems.append(("speedlayer.key_root", str(exc)))
-    return problems
+    return [(f"speedlayer.{name}", problem)
+            for name, problem in announce_problems(feed.tenant, feed.dataset, feed.key_root).items()]
 
 
 class CommitAnnouncer:
     """Announces the target table's commits for one pipeline; `metadata` is the pipeline's etcd."""
 
     def __init__(self, feed: SpeedLayerFeed, table_uri: str, writer: str, metadata: MetadataStore) -> None:
-        from speedlayer.keys import SpeedLayerKeys
+        from speedlayer.announce import announcement_key
 
         self.feed, self.table_uri, self.writer = feed, table_uri, writer
-        self._key = SpeedLayerKeys(feed.key_root).announce(feed.tenant, feed.dataset)
+        self._key = announcement_key(feed.tenant, feed.dataset, feed.key_root)
         self._shared = metadata
         self._own: MetadataStore | None = None
         self.announced = 0
@@ -71,18 +65,19 @@ class CommitAnnouncer:
 
     def announce(self) -> bool:
         """Put the announcement for the table's current version; False (logged) if it failed."""
-        from speedlayer.records import Announcement
+        from speedlayer.announce import announce
 
         try:
-            value = Announcement(self.table_uri, self._version(), self.writer, int(time.time() * 1000))
-            self._metadata().put(self._key, value.to_json())
+            version = self._version()
+            announce(self._metadata(), self.feed.tenant, self.feed.dataset, self.table_uri, version=version,
+                     writer=self.writer, key_root=self.feed.key_root)
         except (DanubeError, OSError) as exc:
             self.failures += 1
             logger.warning("announcing the commit of %s to the speed layer (%s) failed, the master's poll will "
                            "find it: %s", self.table_uri, self._key, exc)
             return False
         self.announced += 1
-        logger.debug("announced %s version %d at %s", self.table_uri, value.version, self._key)
+        logger.debug("announced %s version %d at %s", self.table_uri, version, self._key)
         return True
 
     def _version(self) -> int:
@@ -103,7 +98,7 @@ class CommitAnnouncer:
         if self.feed.etcd_endpoints is None:
             return self._shared
         if self._own is None:
-            from danube_core.metadata import EtcdMetadataStore
+            from danube_core.metadata_etcd import EtcdMetadataStore
 
             self._own = EtcdMetadataStore(self.feed.etcd_endpoints)
         return self._own

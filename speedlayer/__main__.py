@@ -139,7 +139,7 @@ def _query_server(args: argparse.Namespace, agent):
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from danube_core.metadata import EtcdMetadataStore
+    from danube_core.metadata_etcd import EtcdMetadataStore
     from speedlayer.config import load_gateway_config
     from speedlayer.gateway.routing import RoutingTable
     from speedlayer.gateway.server import GatewayFlightServer

@@ -17,7 +17,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from broker.embedded_etcd import EmbeddedEtcd, free_port, wait_for_port
+from devstack.embedded_etcd import EmbeddedEtcd
+from devstack.ports import free_port, wait_for_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,7 +126,7 @@ def s3_bucket(moto_s3: MotoS3Server, unique_name) -> str:
 @pytest.fixture
 def metadata(etcd_endpoint):
     """An `EtcdMetadataStore` on the session's etcd server, closed after the test."""
-    from danube_core.metadata import EtcdMetadataStore
+    from danube_core.metadata_etcd import EtcdMetadataStore
 
     store = EtcdMetadataStore(etcd_endpoint)
     yield store
@@ -195,7 +196,7 @@ def golden_etcd() -> Iterator[EmbeddedEtcd]:
 @pytest.fixture
 def golden(golden_etcd: EmbeddedEtcd):
     """`golden("moved")` replays that scenario's etcd keys and returns its read options."""
-    from danube_core.metadata import EtcdMetadataStore
+    from danube_core.metadata_etcd import EtcdMetadataStore
     from tests.golden import GoldenScenario, replay
 
     def load(scenario: str) -> GoldenScenario:
@@ -217,7 +218,7 @@ def _fake_registrations_removed() -> Iterator[None]:
     """
     yield
     from danube_core.keys import register_key
-    from danube_core.metadata import EtcdMetadataStore
+    from danube_core.metadata_etcd import EtcdMetadataStore
     from tests.topic_builder import TopicBuilder
 
     left = {broker_id for builder in TopicBuilder.unclosed for broker_id in builder.registered

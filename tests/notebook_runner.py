@@ -9,7 +9,9 @@ order in one namespace that holds what Databricks provides to a notebook:
 * `dbutils`: a stand-in whose `widgets.get` returns the default a notebook declared with
   `dbutils.widgets.text/dropdown/combobox`, unless the test overrides it;
 * `display`: collects what the notebook shows. A DataFrame is collected at once (it is lazy,
-  and the notebook may go on to change the data it reads), so `shown` holds plain rows.
+  and the notebook may go on to change the data it reads), so `shown` holds plain rows;
+* the notebook's folder on `sys.path`, so it imports the files beside it
+  (`notebook_widgets.py`) as it does in a Databricks workspace.
 
 A notebook that raises fails with `NotebookCellError` naming the file and the cell number.
 Charts use matplotlib's non-interactive Agg backend, chosen before any cell imports pyplot.
@@ -18,6 +20,7 @@ Charts use matplotlib's non-interactive Agg backend, chosen before any cell impo
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,6 +171,8 @@ def run_notebook(path: str | Path, spark: Any, widgets: Mapping[str, str] | None
     os.environ["MPLBACKEND"] = "Agg"
     _use_agg()
     cells = parse_notebook(path.read_text(encoding="utf-8"), str(path))
+    if str(path.parent.resolve()) not in sys.path:
+        sys.path.insert(0, str(path.parent.resolve()))
     stand_in = Widgets(widgets or {})
     display = Display()
     namespace: dict[str, Any] = {

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyspark
 
-from broker.embedded_etcd import free_port, wait_for_port
+from devstack.ports import free_port, wait_for_port
 from tests.rig import eventually
 
 SPARK_HOME = Path(pyspark.__file__).parent

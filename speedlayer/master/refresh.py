@@ -2,10 +2,10 @@
 
 Leader only. A dataset admitted at its table's latest version follows the table
 (`/tenants/{t}/datasets/{d}`). Writers that know the speed layer announce their commits
-(`/announce/{t}/{d}`, written by pipelines after the Delta and cursor commits): the leader
-watches those keys and looks at once. For writers it does not know it polls every followed
-table every `refresh_poll_interval_s` (`/config/global`). An announcement is only a hint:
-what an epoch holds always comes from the table's own log.
+(`/announce/{t}/{d}`, written through `speedlayer.announce` by pipelines after the Delta and
+cursor commits): the leader watches those keys and looks at once. For writers it does not know
+it polls every followed table every `refresh_poll_interval_s` (`/config/global`). An
+announcement is only a hint: what an epoch holds always comes from the table's own log.
 
 At most one epoch per dataset is in flight: while the newest is still loading, newer
 versions wait and are then planned together (one epoch for the latest version), so a fast

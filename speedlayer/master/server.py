@@ -19,7 +19,8 @@ import grpc
 
 from danube_core.election import LeaseElection
 from danube_core.errors import DanubeError
-from danube_core.metadata import EtcdMetadataStore, Lease
+from danube_core.metadata import Lease
+from danube_core.metadata_etcd import EtcdMetadataStore
 
 from speedlayer.api.v1 import control_plane_service_pb2_grpc as cp_grpc
 from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc

@@ -20,10 +20,10 @@ import grpc
 import pytest
 import yaml
 
-from broker.embedded_etcd import free_port
+from devstack.ports import free_port
 from danube_core.errors import DanubeError
 from danube_core.keys import REGISTER_PREFIX, register_key
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from tests.rig import eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

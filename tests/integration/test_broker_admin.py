@@ -13,7 +13,7 @@ from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
 from broker.admin import main as admin_main
 from danube_core.keys import StorageKeys, assignment_key, delivery_key, namespace_topic_key
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.topics import TopicName
 from tests.integration.broker_process import run_admin, running_broker
 from tests.integration.test_tools import partitioned_topic_with_objects

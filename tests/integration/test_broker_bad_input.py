@@ -13,7 +13,7 @@ from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from broker.topics_registry import TopicRegistry
 from danube_core.keys import namespace_policy_key, namespace_topic_key
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import RELIABLE, Policies
 from danube_core.topics import TopicName
 from tests.integration.broker_process import expect_status, reliable_producer, running_broker

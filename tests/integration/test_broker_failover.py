@@ -23,7 +23,7 @@ from danube import DanubeClientBuilder, ProducerOptions, SubType
 
 from danube_core.frames import iter_messages
 from danube_core.keys import LEADER_KEY, cursor_key
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import parse_cursor, parse_u64
 from danube_core.topics import TopicName
 from tests.integration.broker_process import BrokerProcess, reliable_producer, run_admin

@@ -14,7 +14,7 @@ from danube.proto import SchemaRegistry_pb2_grpc as pb_grpc
 from danube_core.keys import (
     schema_compatibility_key, schema_index_key, schema_metadata_key, schema_subject_key, schema_version_key,
 )
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.schema_records import SchemaCompatibility, SchemaIndexEntry, SchemaMetadata, SchemaVersion
 from danube_core.topics import TopicName
 from tests.integration.broker_process import expect_status, running_broker

@@ -16,7 +16,7 @@ from danube import ProducerOptions, SubType
 from fsspec.implementations.local import LocalFileSystem
 
 from broker.uploader import ReadOnlyWal
-from broker.wal_files import read_segments
+from danube_core.wal_files import read_segments
 from danube_core.checkpoints import UploaderCheckpoint, WalCheckpoint, read_checkpoint
 from danube_core.records import BrokerRegistration
 from tests.integration.broker_process import BrokerProcess, reliable_producer, run_admin

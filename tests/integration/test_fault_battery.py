@@ -17,7 +17,7 @@ import pytest
 
 from bench import fault_cases as cases
 from bench import fault_cases_infra as infra
-from pipelines.fault_hook import STEPS
+from pipelines.batch_hooks import STEPS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,10 +11,11 @@ from typing import Iterator
 
 import pytest
 
-from broker.embedded_etcd import EmbeddedEtcd
+from devstack.embedded_etcd import EmbeddedEtcd
 from danube_core.errors import MetadataCompactedError
 from danube_core.local_cache import LocalCache
-from danube_core.metadata import EtcdMetadataStore, MetadataStore, RangeRead
+from danube_core.metadata import MetadataStore, RangeRead
+from danube_core.metadata_etcd import EtcdMetadataStore
 from tests.rig import eventually
 from tests.unit.test_local_cache import WAIT_S, LocalCacheContract
 

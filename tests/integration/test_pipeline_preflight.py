@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
-from broker.embedded_etcd import free_port
-from danube_core.metadata import EtcdMetadataStore
+from devstack.ports import free_port
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.schema_registry import register_schema
 from pipelines.__main__ import main
 from pipelines.config import load_config
-from pipelines.embedded import REPO_ROOT
+from devstack import REPO_ROOT
 from pipelines.preflight import ETCD_CHECK_TIMEOUT_MS, check_services
 
 pytestmark = pytest.mark.timeout(120)

@@ -24,7 +24,7 @@ from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from broker._grpc_front import GrpcFront
-from broker.embedded_etcd import free_port
+from devstack.ports import free_port
 from danube_core.frames import iter_messages
 from tests.integration.broker_process import (
     REPO_ROOT,

@@ -10,7 +10,7 @@ from connectors.cursor_commit import CursorWriter
 from connectors.topic_inspector import (
     DescriptorRow, SealedRow, SubscriptionLag, TopicInspector, TopicOverview, rows,
 )
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from tests.topic_builder import TopicBuilder
 

@@ -24,7 +24,7 @@ from broker.storage_engine import StorageEngine, StorageSettings
 from broker.topic_storage import TopicClosedError
 from broker.wal import WalConfig
 from broker.uploader import ReadOnlyWal
-from broker.wal_files import read_segments
+from danube_core.wal_files import read_segments
 from danube_core.checkpoints import UploaderCheckpoint, WalCheckpoint, read_checkpoint
 from danube_core.errors import ConfigError
 from danube_core.records import ObjectDescriptor

@@ -11,7 +11,7 @@ import pytest
 
 from broker.wal import Wal, WalConfig
 from danube_core.keys import StorageKeys
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from tests.unit.test_uploader import Backend, FakeClock, UploaderContract, make_msg
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
-from pipelines.embedded import REPO_ROOT
+from devstack import REPO_ROOT
 from tests.topic_builder import TopicBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]

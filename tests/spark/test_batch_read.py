@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from danube_core.metadata import EtcdMetadataStore, MetadataStore
+from danube_core.metadata import MetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from tests.topic_builder import BIG_PRODUCER_ID, TopicBuilder
 
@@ -127,7 +128,7 @@ def test_partitioned_topic_with_offsets_json(spark, danube_env: DanubeEnv, uniqu
 
 
 def test_etcd_unreachable_at_start_is_a_clear_error(spark, danube_env: DanubeEnv, unique_name) -> None:
-    from broker.embedded_etcd import free_port
+    from devstack.ports import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     options = {**danube_env.options, "etcd.endpoints": endpoint, "etcd.timeoutMs": "500"}

@@ -20,7 +20,7 @@ import pytest
 from connectors.cursor_commit import CursorWriter
 from danube_core.frames import FRAME_HEADER_SIZE
 from danube_core.message import encode_message
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from tests.notebook_runner import NotebookCellError, parse_notebook, run_notebook
 from tests.topic_builder import BASE_PUBLISH_MS, TopicBuilder
@@ -28,6 +28,7 @@ from tests.topic_builder import BASE_PUBLISH_MS, TopicBuilder
 pytestmark = pytest.mark.spark
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+HELPERS = {"notebook_widgets.py"}  # plain modules beside the notebooks, which import them
 LOCAL_PATH_HINTS = ("/tmp", "./danube-data", "127.0.0.1", "localhost", "file://")
 SPACING_MS = 1000  # publish_time step between offsets
 BAD_AMOUNT_EVERY = 10  # offsets 10, 20, ...: amount < 0 fails expect_column_values_to_be_between
@@ -114,7 +115,7 @@ def shown(run, index: int) -> list[dict]:
 # ---- the runner itself ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(p for p in NOTEBOOKS.glob("*.py") if p.name not in HELPERS), ids=lambda p: p.name)
 def test_every_notebook_is_in_databricks_source_format(path: Path) -> None:
     cells = parse_notebook(path.read_text(encoding="utf-8"), path.name)
     assert cells[0].magic, "a notebook opens with a markdown cell saying what it does"

@@ -21,12 +21,13 @@ import pytest
 import yaml
 
 from danube_core.keys import cursor_key
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import parse_cursor
 from danube_core.schema_registry import register_schema
 from pipelines.config import load_config
-from pipelines.demo import ORDER_SCHEMA, PIPELINE_FILE, produce, sample_orders
-from pipelines.embedded import REPO_ROOT, EmbeddedStack
+from devstack.demo import ORDER_SCHEMA, PIPELINE_FILE, produce, sample_orders
+from devstack import REPO_ROOT
+from devstack.broker_stack import EmbeddedStack
 from pipelines.runner import PipelineRunner
 from tests.rig import eventually
 

@@ -17,7 +17,8 @@ from typing import Any, Callable
 import pytest
 
 from danube_core.keys import cursor_key
-from danube_core.metadata import EtcdMetadataStore, MetadataStore
+from danube_core.metadata import MetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import parse_cursor
 from danube_core.schema_registry import register_schema

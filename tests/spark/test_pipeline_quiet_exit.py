@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from danube_core.keys import cursor_key
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import parse_cursor
-from pipelines.embedded import REPO_ROOT
+from devstack import REPO_ROOT
 from tests.topic_builder import TopicBuilder
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

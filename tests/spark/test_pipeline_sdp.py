@@ -13,9 +13,9 @@ import subprocess
 import pytest
 import yaml
 
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
-from pipelines.embedded import REPO_ROOT
+from devstack import REPO_ROOT
 from tests.integration.test_spark_submit import delta_records
 from tests.topic_builder import TopicBuilder
 

@@ -17,8 +17,9 @@ import pytest
 import yaml
 from danube import DanubeClientBuilder, DispatchStrategy
 
-from broker.embedded_etcd import EmbeddedEtcd, EtcdSecurity, free_port
-from danube_core.metadata import EtcdMetadataStore
+from devstack.embedded_etcd import EmbeddedEtcd, EtcdSecurity
+from devstack.ports import free_port
+from danube_core.metadata_etcd import EtcdMetadataStore
 from tests.integration.broker_process import REPO_ROOT, BrokerProcess
 from tests.tls import make_certificates
 

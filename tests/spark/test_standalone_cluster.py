@@ -32,12 +32,12 @@ import pytest
 import yaml
 
 from danube_core.keys import cursor_key, register_key
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import parse_cursor
 from danube_core.schema_registry import register_schema
 from danube_core.topics import TopicName
-from pipelines.demo import ORDER_SCHEMA, PIPELINE_FILE, produce, sample_orders
-from pipelines.embedded import REPO_ROOT
+from devstack.demo import ORDER_SCHEMA, PIPELINE_FILE, produce, sample_orders
+from devstack import REPO_ROOT
 from tests.integration.broker_process import BrokerProcess, run_admin
 from tests.integration.test_spark_submit import delta_records
 from tests.rig import eventually

@@ -12,9 +12,9 @@ from typing import Iterator
 
 import pytest
 
-from broker.embedded_etcd import EmbeddedEtcd
+from devstack.embedded_etcd import EmbeddedEtcd
 from connectors import register
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from tests.rig import eventually
 from tests.topic_builder import TopicBuilder

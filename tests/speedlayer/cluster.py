@@ -14,8 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker.embedded_etcd import etcd_binary, free_port, wait_for_port
-from danube_core.metadata import EtcdMetadataStore
+from devstack.embedded_etcd import etcd_binary
+from devstack.ports import free_port, wait_for_port
+from danube_core.metadata_etcd import EtcdMetadataStore
 from speedlayer.client import ManagementClient
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.records import GlobalConfig, TenantConfig

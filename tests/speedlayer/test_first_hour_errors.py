@@ -18,7 +18,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from broker.embedded_etcd import free_port
+from devstack.ports import free_port
 from danube_core.metadata_memory import MemoryMetadataStore
 from speedlayer.__main__ import main
 from speedlayer.errors import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from broker.embedded_etcd import free_port
+from devstack.ports import free_port
 from speedlayer.client import delta_request
 from speedlayer.master.load_failures import failed_everywhere, replication_target, retire_failed_replicas
 from speedlayer.master.placement import EpochPlacement, next_placement

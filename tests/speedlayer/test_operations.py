@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from broker.embedded_etcd import free_port
+from devstack.ports import free_port
 from speedlayer.client import delta_request
 from speedlayer.observability.audit import read_audit_log
 from tests.rig import eventually

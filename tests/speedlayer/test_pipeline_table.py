@@ -12,11 +12,11 @@ import json
 
 import pytest
 
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.schema_registry import register_schema
 from pipelines.config import load_config
-from pipelines.demo import ORDER_SCHEMA
-from pipelines.embedded import EmbeddedStack
+from devstack.demo import ORDER_SCHEMA
+from devstack.broker_stack import EmbeddedStack
 from speedlayer.client import delta_request
 from tests.rig import eventually
 from tests.spark.test_pipeline_broker import pipeline_file, publish, run_to_end

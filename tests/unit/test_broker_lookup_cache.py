@@ -31,7 +31,8 @@ from danube_core.keys import (
     subscription_key,
     topic_keys_prefix,
 )
-from danube_core.metadata import MemoryMetadataStore, MetadataStore
+from danube_core.metadata import MetadataStore
+from danube_core.metadata_memory import MemoryMetadataStore
 from danube_core.records import (
     NON_RELIABLE,
     NULL_JSON,

@@ -6,7 +6,7 @@ import pytest
 
 from broker.cursors import SubscriptionCursor
 from danube_core.errors import MetadataError
-from danube_core.metadata import MemoryMetadataStore
+from danube_core.metadata_memory import MemoryMetadataStore
 
 TOPIC = "/default/orders"
 KEY = "/topics/default/orders/subscriptions/subs_reliable/cursor"

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from pipelines import fault_hook
-from pipelines.embedded import REPO_ROOT
+from bench import fault_hook
+from devstack import REPO_ROOT
 
 pytestmark = pytest.mark.unit
 
-FIRE = "from pipelines.fault_hook import fault_point; fault_point('after_target_write'); print('survived')"
+FIRE = "from bench.fault_hook import fault_point; fault_point('after_target_write'); print('survived')"
 
 
 def run_hook(env: dict) -> subprocess.CompletedProcess:
@@ -29,6 +29,11 @@ def test_unarmed_hook_does_nothing(monkeypatch):
     with fault_hook.fault_window("during_target_write"):
         pass
     fault_hook.fault_point("after_target_write")
+    hooks = fault_hook.FaultHooks()  # what `python -m bench.fault_pipeline` passes into the sink
+    assert hooks.cursor_store(store) is store
+    with hooks.around("during_target_write"):
+        pass
+    hooks.at("after_target_write")
 
 
 def test_an_armed_step_kills_once_then_the_restart_runs_through(tmp_path):

@@ -17,7 +17,8 @@ from danube_core.cached_store import CachedMetadataStore
 from danube_core.errors import StaleCacheError
 from danube_core.keys import padded_offset
 from danube_core.local_cache import LocalCache, Span, SpanIndex
-from danube_core.metadata import MemoryMetadataStore, MetadataStore, RangeRead, WatchEvent
+from danube_core.metadata import MetadataStore, RangeRead, WatchEvent
+from danube_core.metadata_memory import MemoryMetadataStore
 from tests.rig import CountingStore, eventually
 
 pytestmark = pytest.mark.unit

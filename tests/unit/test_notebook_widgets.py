@@ -2,7 +2,7 @@
 
 import pytest
 
-from connectors.notebook_widgets import millis, source_options
+from notebooks.notebook_widgets import millis, source_options
 
 
 @pytest.mark.parametrize("text, expected", [

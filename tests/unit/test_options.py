@@ -233,7 +233,7 @@ def test_wal_root(value: str, expected: str) -> None:
 def test_wal_root_map_of_broker_ids() -> None:
     value = '{"5951367860471965214": "file:///data/wal-b", "7": "http://host:7700/"}'
     assert parse(walRoot=value).wal_root == value
-    from connectors.wal_scan import parse_wal_map
+    from connectors.wal_root import parse_wal_map
 
     assert parse_wal_map(value) == {5951367860471965214: "file:///data/wal-b", 7: "http://host:7700/"}
 

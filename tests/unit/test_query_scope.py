@@ -9,7 +9,8 @@ import pytest
 from connectors.options import parse_options
 from connectors.query_scope import WINDOW_DESCRIPTORS, QueryScope
 from danube_core import keys
-from danube_core.metadata import MemoryMetadataStore, MetadataStore
+from danube_core.metadata import MetadataStore
+from danube_core.metadata_memory import MemoryMetadataStore
 from danube_core.records import CurPointer
 from danube_core.topics import TopicName
 from tests.rig import CountingStore, eventually

@@ -60,3 +60,17 @@ def test_a_failed_announcement_is_counted_and_never_raised(tmp_path, caplog):
     announcer = CommitAnnouncer(SpeedLayerFeed("acme", "orders"), str(tmp_path / "missing"), "p", Down())
     assert announcer.announce() is False and announcer.failures == 1 and announcer.announced == 0
     assert "master's poll will find it" in caplog.text
+
+
+def test_writers_announce_through_the_speed_layers_public_call():
+    from speedlayer.announce import announce, announce_problems
+
+    store = MemoryMetadataStore()
+    revision = announce(store, "acme", "orders", "s3://lake/orders", version=7, writer="job", key_root="/sl",
+                        committed_ms=1714564800000)
+    assert revision > 0
+    assert Announcement.from_json(store.get("/sl/announce/acme/orders"), "k") == \
+        Announcement("s3://lake/orders", 7, "job", 1714564800000)
+    assert set(announce_problems("a/b", "", "sl/")) == {"tenant", "dataset", "key_root"}
+    with pytest.raises(ValueError, match="tenant 'a/b'"):
+        announce(store, "a/b", "orders", "s3://lake/orders")

@@ -9,7 +9,7 @@ from connectors.offsets import SourceOffset
 from connectors.subscription_lock import LockToken, SubscriptionLock, holder_accepts, release_after_stop
 from danube_core.errors import SubscriptionLockLostError
 from danube_core.keys import cursor_key
-from danube_core.metadata import MemoryMetadataStore
+from danube_core.metadata_memory import MemoryMetadataStore
 
 ROOT, SUB, TOPIC = "/danube-data", "orders-sub", "/default/orders"
 CURSOR = cursor_key(TOPIC, SUB)

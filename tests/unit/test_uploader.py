@@ -22,7 +22,8 @@ from danube_core.errors import CheckpointError, CorruptFrameError, MetadataError
 from danube_core.frames import FRAME_HEADER_SIZE, scan_frames
 from danube_core.keys import StorageKeys
 from danube_core.message import MessageID, StreamMessage
-from danube_core.metadata import MemoryMetadataStore, MetadataStore
+from danube_core.metadata import MetadataStore
+from danube_core.metadata_memory import MemoryMetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import ObjectDescriptor
 from danube_core.topics import TopicName

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from broker.wal import Wal, WalConfig
-from broker.wal_files import list_segments
+from danube_core.wal_files import list_segments
 from danube_core.checkpoints import WalCheckpoint, read_checkpoint
 from danube_core.errors import ConfigError, DanubeError
 from danube_core.frames import FRAME_HEADER_SIZE, scan_frames

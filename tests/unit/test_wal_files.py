@@ -8,7 +8,7 @@ import os
 import fsspec
 import pytest
 
-from broker.wal_files import (
+from danube_core.wal_files import (
     FrameFileScanner,
     WalSegment,
     list_segments,

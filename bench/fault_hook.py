@@ -1,8 +1,9 @@
 """A test hook: SIGKILL the driver at a named step of a batch, once. Inert unless armed.
 
 The fault battery (`bench/faults.py`) and its tests arm it through the environment of a
-`python -m pipelines run` process, to prove the sink's order (target, quarantine, then the
-cursor) is exactly-once whichever step a crash interrupts:
+`python -m bench.fault_pipeline run` process (`python -m pipelines run` with `FaultHooks`
+passed in as the sink's `pipelines.batch_hooks.BatchHooks`), to prove the sink's order
+(target, quarantine, then the cursor) is exactly-once whichever step a crash interrupts:
 
     DANUBE_FAULT_AT=after_target_write[,during_cursor_commit...]
     DANUBE_FAULT_MARKERS=/tmp/markers        # one file per step that fired
@@ -26,12 +27,13 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from pipelines.batch_hooks import STEPS, BatchHooks
+
 logger = logging.getLogger(__name__)
 
 ENV_STEPS = "DANUBE_FAULT_AT"
 ENV_MARKERS = "DANUBE_FAULT_MARKERS"
 ENV_DELAY_MS = "DANUBE_FAULT_DELAY_MS"
-STEPS = ("during_target_write", "after_target_write", "after_quarantine_write", "during_cursor_commit")
 _lock = threading.Lock()
 
 
@@ -104,3 +106,18 @@ class _KillAfterCursorPut:
 
 def _marker(step: str) -> str:
     return os.path.join(os.environ.get(ENV_MARKERS) or ".", f"fault-{step}.fired")
+
+
+class FaultHooks(BatchHooks):
+    """The sink's hooks that kill the driver at each armed step (see the module doc)."""
+
+    def at(self, step: str) -> None:
+        fault_point(step)
+
+    @contextmanager
+    def around(self, step: str) -> Iterator[None]:
+        with fault_window(step):
+            yield
+
+    def cursor_store(self, store: Any) -> Any:
+        return faulting_store(store)

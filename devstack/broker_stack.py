@@ -1,6 +1,6 @@
 """The embedded default deployment: a local etcd and our broker on local storage, in one folder.
 
-Used by the demo, the end-to-end tests and the freshness benchmark. The broker runs as a real
+Used by the demo (`devstack.demo`), the end-to-end tests and the freshness benchmark. The broker runs as a real
 subprocess (`python -m broker --config conf/broker.yaml`) with every location overridden
 through its `DANUBE_...` environment variables: free ports, the stack's own etcd, WAL and
 cloud-storage folders under `data_dir`, and a short WAL flush interval so a published message
@@ -18,13 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-from broker.embedded_etcd import EmbeddedEtcd, free_port, wait_for_port
 from danube_core.keys import REGISTER_PREFIX
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
+from devstack import REPO_ROOT
+from devstack.embedded_etcd import EmbeddedEtcd
+from devstack.ports import free_port, wait_for_port
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 BROKER_CONFIG = REPO_ROOT / "conf" / "broker.yaml"
 
 

@@ -1,8 +1,8 @@
 """Finding, ordering and scanning one topic's WAL files (spec §3.6).
 
 Shared by the WAL's own recovery and reader, the uploader and the connector's planner, so it
-imports only `danube_core` and fsspec: the connector reads a remote broker's WAL directory
-through an fsspec filesystem, the broker through the local one.
+lives in `danube_core` and imports only `danube_core` and fsspec: the connector reads a remote
+broker's WAL directory through an fsspec filesystem, the broker through the local one.
 
 The file list combines two sources, because neither is complete on its own:
 * `wal.ckpt` (rotated files + the active file). The broker writes paths exactly as configured,

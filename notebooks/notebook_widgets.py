@@ -2,6 +2,9 @@
 
 The notebooks take their storage settings from the same five widgets and accept publish times as
 either milliseconds or ISO-8601 text; reading them here keeps the notebooks to what they show.
+It sits beside them, not in the installed package (only notebooks use it): Databricks puts a
+notebook's folder on `sys.path`, so `from notebook_widgets import ...` finds it there, and
+`tests/notebook_runner.py` does the same.
 """
 
 from __future__ import annotations
