@@ -30,6 +30,7 @@ import dataclasses
 import json
 import logging
 import posixpath
+import re
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -52,8 +53,7 @@ from danube_core.frames import STOP_CRC, STOP_END
 from danube_core.keys import DEFAULT_ROOT_PREFIX, StorageKeys
 from danube_core.message import StreamMessage, decode_message
 from danube_core.topics import TopicName
-
-from broker.wal_files import DEFAULT_CHUNK_BYTES, FrameFileScanner
+from danube_core.wal_files import DEFAULT_CHUNK_BYTES, FrameFileScanner
 
 if TYPE_CHECKING:
     from danube_core.metadata import MetadataStore
@@ -115,9 +115,13 @@ def dump(target: str, storage_options: dict[str, Any], chunk_bytes: int, out: Te
     """Print every frame of `target` as JSON lines; returns the exit code."""
     try:
         fs, path = fsspec.core.url_to_fs(target, **storage_options)
-        fh = fs.open(path, "rb")
     except (OSError, ValueError) as exc:
         err.write(f"cannot open {target}: {exc}\n")
+        return EXIT_UNREADABLE
+    try:
+        fh = fs.open(path, "rb")
+    except (OSError, ValueError) as exc:
+        err.write(f"cannot open {target}: {exc}{_partition_hint(fs, path, target)}\n")
         return EXIT_UNREADABLE
     try:
         with fh:
@@ -128,6 +132,24 @@ def dump(target: str, storage_options: dict[str, Any], chunk_bytes: int, out: Te
     except OSError as exc:
         err.write(f"cannot read {target}: {exc}\n")
         return EXIT_UNREADABLE
+
+
+def _partition_hint(fs: Any, path: str, target: str) -> str:
+    """For `<wal root>/<ns>/<topic>/<file>` where `<topic>` is a partitioned topic's base name:
+    where its WAL is, the same file of each partition (a partition is a topic of its own)."""
+    topic_dir, name = posixpath.split(path)
+    topic = posixpath.basename(topic_dir)
+    try:
+        found = fs.glob(f"{topic_dir}-part-*/{name}")
+    except (OSError, ValueError):
+        return ""
+    numbers = sorted(int(m.group(1)) for f in found if (m := re.search(r"-part-(\d+)/[^/]*$", f)))
+    suffix = f"{topic}/{name}"
+    if not numbers or not target.endswith(suffix):
+        return ""
+    shown = ", ".join(f"{target[:-len(suffix)]}{topic}-part-{n}/{name}" for n in numbers[:3])
+    more = f" ... ({len(numbers)} partitions)" if len(numbers) > 3 else ""
+    return f"; {topic!r} is a partitioned topic, its WAL is per partition: {shown}{more}"
 
 
 def _dump_checkpoint(
@@ -164,7 +186,7 @@ def _dump_frames(fh: Any, target: str, chunk_bytes: int, out: TextIO, err: TextI
 def list_objects(etcd: str, topic: TopicName, root_prefix: str, out: TextIO, err: TextIO) -> int:
     """Print the topic's descriptors, `cur` and sealed state (each partition's in turn, for a
     partitioned base name); returns the exit code. NotFoundError for a name that is no topic."""
-    from danube_core.metadata import EtcdMetadataStore
+    from danube_core.metadata_etcd import EtcdMetadataStore
 
     from broker.topics_registry import TopicRegistry
 

@@ -17,7 +17,7 @@ from broker.tools import main
 from broker.wal import Wal, WalConfig
 from danube_core.keys import StorageKeys, namespace_topic_key
 from danube_core.message import MessageID, StreamMessage
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import NULL_JSON, CurPointer, ObjectDescriptor, SealedState
 from danube_core.topics import TopicName
 from tests.conftest import REPO_ROOT
@@ -147,6 +147,20 @@ def test_dump_of_an_undecodable_payload_exits_1(tmp_path):
 def test_dump_of_a_missing_file_exits_3(tmp_path):
     code, _records, err = run("dump", str(tmp_path / "nope.log"))
     assert code == 3 and "nope.log" in err
+
+
+def test_dump_of_a_partitioned_topics_base_name_names_its_partitions_wal_files(tmp_path, unique_name):
+    # The README once said `dump ./danube-data/wal/default/orders/wal.log` for a partitioned topic:
+    # its WAL is per partition, `orders-part-N/wal.log`, and the answer was a bare "no such file".
+    name = unique_name("orders")
+    for k in range(2):
+        write_wal(tmp_path, f"/default/{name}-part-{k}", 1)
+    code, _records, err = run("dump", str(tmp_path / "default" / name / "wal.log"))
+    assert code == 3
+    assert f"{name!r} is a partitioned topic" in err
+    assert all(str(tmp_path / "default" / f"{name}-part-{k}" / "wal.log") in err for k in range(2)), err
+    code, _records, err = run("dump", str(tmp_path / "default" / "nope" / "wal.log"))
+    assert code == 3 and "is a partitioned topic" not in err
 
 
 def test_bad_storage_option_exits_2(tmp_path):
