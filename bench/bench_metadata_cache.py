@@ -14,7 +14,10 @@ Setup, one etcd (descriptors written straight into it, in transactions of 128 pu
 2. the same stream with 99, then 999 other topics of `--other-descriptors` (10,000) each
    beside it (`--topics 1,100,1000`);
 3. resuming near the head (a cursor `--behind` (5) descriptors below it): on `/bench/stream`
-   (the baseline), and on `/bench/long`, a topic of `--long-descriptors` (1,000,000).
+   (the baseline), and on `/bench/long`, a topic of `--long-descriptors` (1,000,000);
+4. from `earliest` on the same two topics: a stream far behind plans a window of its backlog
+   (`PLAN_WINDOW_OBJECTS` objects) per trigger; "window ms" is the median planning time of the
+   triggers that planned a whole window, which must not grow with the history.
 
 While a case runs its triggers, a writer uploads a new object (descriptor + `cur`) to its
 topic every `--object-interval-ms`, as a broker's uploader does. Per case: start -> first
@@ -50,12 +53,13 @@ sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
 from bench_connector import put_all  # noqa: E402
 from common import Column, machine_info, print_table, timed, write_results  # noqa: E402
-from broker.embedded_etcd import EmbeddedEtcd  # noqa: E402
+from devstack.embedded_etcd import EmbeddedEtcd  # noqa: E402
 from danube_core import keys  # noqa: E402
-from danube_core.metadata import EtcdMetadataStore  # noqa: E402
+from danube_core.metadata_etcd import EtcdMetadataStore  # noqa: E402
 from danube_core.objectstore import object_id_for  # noqa: E402
 from danube_core.records import CurPointer, ObjectDescriptor, Policies, dump_cursor  # noqa: E402
 from danube_core.topics import TopicName  # noqa: E402
+from connectors.query_scope import PLAN_WINDOW_OBJECTS  # noqa: E402
 
 STREAM_TOPIC = "/bench/stream"
 LONG_TOPIC = "/bench/long"
@@ -176,7 +180,8 @@ def run_case(spec: dict) -> dict:
                 end = reader.latestOffset(start, ReadAllAvailable())
                 reader.partitions(start, end)
             rows.append({"wall_ms": t.wall_s * 1000, "cpu_ms": t.cpu_s * 1000,
-                         "range_reads": etcd.range_reads - range_reads})
+                         "range_reads": etcd.range_reads - range_reads,
+                         "offsets": sum(end["offsets"].values()) - sum(start["offsets"].values())})
             start = end
             time.sleep(spec["trigger_interval_s"])
         cached_keys = len(state.scope.cache._values)
@@ -184,7 +189,12 @@ def run_case(spec: dict) -> dict:
         reader.stop()
     steady = rows[1:]
     wall = sorted(r["wall_ms"] for r in steady)
+    # Triggers that planned a whole window of a backlog (a stream far behind), if any.
+    windows = [r for r in rows if r["offsets"] >= PLAN_WINDOW_OBJECTS * OBJECT_OFFSETS]
     return {
+        "window_triggers": len(windows),
+        "window_wall_ms": round(statistics.median(r["wall_ms"] for r in windows), 1) if windows else 0,
+        "window_cpu_ms": round(statistics.median(r["cpu_ms"] for r in windows), 1) if windows else 0,
         "start_wall_ms": round(started.wall_s * 1000, 1), "start_cpu_ms": round(started.cpu_s * 1000, 1),
         "rss_growth_mb": round(rss_started - rss_before, 1),
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -382,17 +392,24 @@ def main(argv: list[str] | None = None) -> int:
                 head += spark_rows[-1]["objects_added"]
         writes["long"] = write_topics(etcd.endpoint, [LONG_TOPIC], args.long_descriptors)
         print(f"wrote {args.long_descriptors:,} descriptors of {LONG_TOPIC} in {writes['long']:.0f}s", flush=True)
-        for topic, count, name in ((STREAM_TOPIC, head, f"{args.descriptors:,}"),
-                                   (LONG_TOPIC, args.long_descriptors, f"{args.long_descriptors:,}")):
-            subscription = resume_near_head(etcd.endpoint, topic, count - 1, args.behind)
-            results.append(measure(etcd.endpoint, f"resume {args.behind} behind head, {name} descriptors",
+        heads = {STREAM_TOPIC: head, LONG_TOPIC: args.long_descriptors}  # next descriptor of each
+        names = {STREAM_TOPIC: f"{args.descriptors:,}", LONG_TOPIC: f"{args.long_descriptors:,}"}
+        for topic in heads:
+            subscription = resume_near_head(etcd.endpoint, topic, heads[topic] - 1, args.behind)
+            results.append(measure(etcd.endpoint, f"resume {args.behind} behind head, {names[topic]} descriptors",
                                    "history length", topic, starting="cursor", subscription=subscription,
-                                   uploads_from=count, args=args))
-    for group in ("cluster size", "history length"):
+                                   uploads_from=heads[topic], args=args))
+            heads[topic] += results[-1]["objects_added"]
+        for topic in heads:
+            results.append(measure(etcd.endpoint, f"from earliest, {names[topic]} descriptors", "from earliest",
+                                   topic, starting="earliest", subscription=f"earliest-{uuid.uuid4().hex[:8]}",
+                                   uploads_from=heads[topic], args=args))
+            heads[topic] += results[-1]["objects_added"]
+    for group in ("cluster size", "history length", "from earliest"):
         rows = [r for r in results if r["group"] == group]
         base = rows[0]
         for row in rows:
-            for key in ("start_wall_ms", "start_cpu_ms", "rss_growth_mb", "median_wall_ms"):
+            for key in ("start_wall_ms", "start_cpu_ms", "rss_growth_mb", "median_wall_ms", "window_wall_ms"):
                 row[f"{key}_ratio"] = round(row[key] / base[key], 3) if base[key] else None
     print_table(results, [
         Column("case", "case"), Column("start ms", "start_wall_ms", "{:,.1f}"),
@@ -402,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         Column("trigger ms", "median_wall_ms", "{:.2f}"), Column("p99 ms", "p99_wall_ms", "{:.2f}"),
         Column("cpu ms", "median_cpu_ms", "{:.2f}"),
         Column("range reads/trigger", "range_reads_per_trigger", "{:.2f}"),
+        Column("window triggers", "window_triggers", "{:.0f}"), Column("window ms", "window_wall_ms", "{:.1f}"),
+        Column("x", "window_wall_ms_ratio", "{:.2f}"), Column("window cpu ms", "window_cpu_ms", "{:.1f}"),
     ], title=f"one stream's metadata costs; {args.triggers} triggers per case while objects arrive every "
              f"{args.object_interval_ms:.0f} ms; load at start {load_start}, at end {os.getloadavg()[0]:.2f}")
     if spark_rows:

@@ -18,7 +18,9 @@ to the pure planner as `TopicSnapshot`s. Executors never use it.
   them, the WAL runs and the sealed state into the current run and stale ones. Snapshots hold
   only the current run's objects and the reused ranges, which the planner reports as data loss.
 * A WAL that cannot be found (a real broker registers no `wal_url`) is named in one warning
-  per topic and owner, with the unread tail as far as etcd tells (`unread_tails`).
+  per topic and owner, with the unread tail as far as etcd tells (`TopicSnapshot.unread_tail`).
+* What planning must report besides the objects comes with each snapshot: a new run that
+  began since the catalog last looked (`restarted_at`) and that unread tail.
 
 Offsets returned are end-exclusive (Spark's convention); etcd's stay inclusive. A catalog keeps
 scan state between calls and is meant for one driver thread.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from typing import Iterable
 
 
@@ -73,18 +76,18 @@ class TopicCatalog:
         self._sizes: dict[str, int] = {}
         self._parsed: dict[tuple[str, bytes], ObjectDescriptor] = {}  # see _parse
         self._parsed_peak = 0  # the most rows one read returned
+        self._stored_memo: dict[tuple[str, str], tuple[ObjectDescriptor, StoredObject]] = {}  # see _stored
         self._spans: dict[str, list[tuple[int, int]]] = {}  # topic -> (start, end) last seen
         self._object_dirs: dict[TopicName, str] = {}
         self._audits: dict[str, RunAudit] = {}
         self._object_ranges: dict[str, int] = {}  # orphan object URL -> its last offset
         self._unread = UnreadTails(self._cursors)
-        self._restarted: set[str] = set()
-        self._restarts: dict[str, int] = {}  # topic -> first offset of a run that began mid-query
+        self._restarted: set[str] = set()  # topics whose `cur` went back: a new run, once audited
         # topic -> the lowest offset a stream reads it from (None: from its head); a topic not
         # here is read from anywhere (batch reads), so its run audit covers its whole history.
         self._read_from: dict[str, int | None] = {}
         self._audited_from: dict[str, int] = {}  # topic -> descriptor key its run audit starts at
-        self._heads: dict[str, tuple] | None = None  # this trigger's heads, once `hold_heads` is called
+        self._heads: dict[str, TopicHead] | None = None  # this trigger's heads, once `hold_heads` is called
 
     # ---- topics ---------------------------------------------------------------------------
 
@@ -147,7 +150,7 @@ class TopicCatalog:
         out = {}
         cluster = self._cluster()
         for topic in map(_topic, topics):
-            latest = self._head(topic, cluster)[3]  # audits the topic's runs once
+            latest = self._head(topic, cluster).latest  # audits the topic's runs once
             audit = self._audits[str(topic)]
             first_key = self._keys.object_key(topic, 0)
             descriptors = self._parse(self._metadata.get_range(first_key, self._keys.cur_key(topic), limit=1))
@@ -163,7 +166,23 @@ class TopicCatalog:
     def latest_offsets(self, topics: Iterable[TopicName | str]) -> dict[str, int]:
         """Next offset not yet readable, per topic (end-exclusive)."""
         cluster = self._cluster()
-        return {str(t): self._head(t, cluster)[3] for t in map(_topic, topics)}
+        return {str(t): self._head(t, cluster).latest for t in map(_topic, topics)}
+
+    def window_end(self, topic: TopicName | str, from_offset: int, latest: int, descriptors: int) -> int:
+        """Where a plan from `from_offset` ends if it holds the object holding `from_offset` and
+        at most `descriptors` objects starting after it: the start of the next descriptor when
+        more lie below `latest`, else `latest`. One range read of at most `descriptors + 1`
+        keys, so a stream far behind on a long history plans a window of it per trigger
+        instead of the whole backlog."""
+        name = _topic(topic)
+        if from_offset >= latest:
+            return latest
+        start_key = self._keys.object_key(name, from_offset + 1)
+        rows = self._metadata.get_range(start_key, self._keys.object_key(name, latest), limit=descriptors + 1)
+        if len(rows) <= descriptors:
+            return latest
+        beyond = keys.parse_object_key(rows[-1][0])
+        return latest if beyond is None else max(from_offset + 1, min(beyond, latest))
 
     def offsets_for_timestamp(
         self, topics: Iterable[TopicName | str], timestamp_ms: int
@@ -235,7 +254,8 @@ class TopicCatalog:
     def _snapshot(
         self, topic: TopicName, from_offset: int, to_offset: int | None, cluster: ClusterView | None
     ) -> TopicSnapshot:
-        last, sealed, wal, latest = self._head(topic, cluster)
+        head = self._head(topic, cluster)
+        last, sealed, wal, latest = head.last, head.sealed, head.wal, head.latest
         audit = self._audits.get(str(topic))
         objects: list[ObjectDescriptor] = []
         stop = latest if to_offset is None else to_offset
@@ -255,6 +275,8 @@ class TopicCatalog:
             wal_storage_options=self._wal.options_for(wal[0].url) if self._wal and wal else {},
             sealed_offset=sealed.last_committed_offset if sealed else None,
             reused=audit.reused(0, latest) if audit is not None else [],
+            restarted_at=head.restarted_at,
+            unread_tail=head.unread_tail,
         )
 
     def _cluster(self) -> ClusterView | None:
@@ -267,17 +289,14 @@ class TopicCatalog:
         its WAL is scanned once."""
         self._heads = {}
 
-    def _head(self, topic: TopicName, cluster: ClusterView | None
-              ) -> tuple[ObjectDescriptor | None, SealedState | None, list[WalRun], int]:
-        """(newest descriptor of the current run, sealed state, WAL chain, latest offset)."""
+    def _head(self, topic: TopicName, cluster: ClusterView | None) -> TopicHead:
         if self._heads is None:
             return self._read_head(topic, cluster)
         if str(topic) not in self._heads:
             self._heads[str(topic)] = self._read_head(topic, cluster)
         return self._heads[str(topic)]
 
-    def _read_head(self, topic: TopicName, cluster: ClusterView | None
-                   ) -> tuple[ObjectDescriptor | None, SealedState | None, list[WalRun], int]:
+    def _read_head(self, topic: TopicName, cluster: ClusterView | None) -> TopicHead:
         cur, above = self._descriptors_above_cur(topic)
         raw = self._metadata.get(self._keys.state_key(topic))
         sealed = SealedState.from_json(raw, self._keys.state_key(topic)) if raw is not None else None
@@ -291,10 +310,11 @@ class TopicCatalog:
             self._restarted.add(str(topic))
         last = chain[-1] if chain else None
         wal = self._wal_chain(topic, last, sealed, cluster)
+        restarted_at = None
         if audit is None:
             audit = self._audit(topic, sealed, wal)
             if str(topic) in self._restarted and audit.current_first is not None:
-                self._restarts[str(topic)] = audit.current_first
+                restarted_at = audit.current_first
                 self._restarted.discard(str(topic))
             last = audit.current_descriptors[-1] if audit.current_descriptors else None
             wal = self._wal_chain(topic, last, sealed, cluster)
@@ -304,14 +324,13 @@ class TopicCatalog:
             logger.warning("WAL of %s ends at offset %d, below the uploaded offset %d: the topic was "
                            "restarted at offset 0 (spec §6.6); its offsets went backwards",
                            topic, head - 1, uploaded - 1)
-            return last, sealed, wal, head
+            return TopicHead(last, sealed, wal, head, restarted_at)
         if audit.stale_seal is not None:
             sealed = None  # the current run restarted below it: not an offset it will reach
         candidates = [uploaded, head or 0, sealed.last_committed_offset + 1 if sealed else 0]
         latest = max(candidates)
         why = self._wal.unreachable.get(str(topic)) if self._wal is not None else None
-        self._unread.note(str(topic), why, latest, audit)
-        return last, sealed, wal, latest
+        return TopicHead(last, sealed, wal, latest, restarted_at, self._unread.note(str(topic), why, latest, audit))
 
     def _wal_chain(self, topic: TopicName, last: ObjectDescriptor | None, sealed: SealedState | None,
                    cluster: ClusterView | None) -> list[WalRun]:
@@ -344,7 +363,11 @@ class TopicCatalog:
             rows = self._metadata.get_range(self._keys.object_key(topic, floor), self._keys.cur_key(topic))
         else:
             rows = self._metadata.get_prefix(self._keys.objects_prefix(topic))
-        descriptors = self._parse(rows)
+        # Parsed outside `_parse`'s memo: a long history is audited once, and its descriptors
+        # must not stay in memory for the query's life (see `RunAudit.compact`).
+        descriptors = [ObjectDescriptor.from_json(raw, key) for key, raw in rows
+                       if keys.parse_object_key(key) is not None]
+        del rows
         listed: list[tuple[str, int, int | None]] = []
         for object_id in self._store.list_objects(topic):
             start = parse_object_id(object_id)[0]
@@ -368,6 +391,7 @@ class TopicCatalog:
         self._audited_from[str(topic)] = floor
         if not audit.clean:
             logger.warning("topic %s: %s", topic, audit.summary())
+        audit.compact()
         return audit
 
     def _audit_start(self, topic: TopicName, cur: int | None) -> int:
@@ -390,16 +414,6 @@ class TopicCatalog:
                 runs = []
             self._object_ranges[url] = max((r.stop_offset - 1 for r in runs), default=start)
         return self._object_ranges[url]
-
-    def take_restarts(self) -> dict[str, int]:
-        """Topics whose offsets restarted since this catalog first looked (a new run's first
-        offset each), once: a stream past that offset never reads the new run below it."""
-        restarts, self._restarts = self._restarts, {}
-        return restarts
-
-    def unread_tails(self) -> dict[str, dict]:
-        """Per topic read so far: the tail an unreachable WAL holds (for query progress)."""
-        return self._unread.as_dict()
 
     def _cursors(self, topic: str) -> list[int]:
         found = []
@@ -429,6 +443,7 @@ class TopicCatalog:
         self._parsed_peak = max(self._parsed_peak, len(rows))
         if len(self._parsed) > PARSED_MEMO_SLACK * self._parsed_peak + PARSED_MEMO_MIN:
             self._parsed = {}
+            self._stored_memo = {}
         return out
 
     def _descriptors_above_cur(self, topic: TopicName) -> tuple[int | None, list[ObjectDescriptor]]:
@@ -509,6 +524,17 @@ class TopicCatalog:
         return found
 
     def _stored(self, topic: TopicName, d: ObjectDescriptor) -> StoredObject:
+        """The object `d` describes, built once per parsed descriptor: a trigger plans the same
+        objects twice (`latestOffset`, then `partitions`)."""
+        memo_key = (str(topic), d.object_id)
+        known = self._stored_memo.get(memo_key)
+        if known is not None and known[0] is d:
+            return known[1]
+        stored = self._build_stored(topic, d)
+        self._stored_memo[memo_key] = (d, stored)
+        return stored
+
+    def _build_stored(self, topic: TopicName, d: ObjectDescriptor) -> StoredObject:
         if not OBJECT_ID_PATTERN.match(d.object_id):
             raise MetadataError(f"descriptor {self._keys.object_key(topic, d.start_offset)} names a "
                                 f"malformed object id {d.object_id!r} (expected data-<start>-<secs>.dnb1)")
@@ -543,6 +569,21 @@ class TopicCatalog:
             except ObjectMissingError:
                 return fallback  # the executor reading it reports the loss
         return self._sizes[url]
+
+
+@dataclass(frozen=True)
+class TopicHead:
+    """Where a topic ends, worked out once per trigger (`hold_heads`): the newest descriptor of
+    its current run, its sealed state, the WAL chain to its head, the latest offset
+    (end-exclusive), the first offset of a new run found by this look (None if none) and the
+    tail an unreachable WAL holds (None if every WAL is read)."""
+
+    last: ObjectDescriptor | None
+    sealed: SealedState | None
+    wal: list[WalRun]
+    latest: int
+    restarted_at: int | None = None
+    unread_tail: dict | None = None
 
 
 def _topic(topic: TopicName | str) -> TopicName:

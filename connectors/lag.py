@@ -20,7 +20,8 @@ Lag = dict[str, dict[str, int]]
 
 
 def measure_lag(begin: Mapping[str, int], latest: Mapping[str, int], snapshots: Mapping[str, "TopicSnapshot"],
-                publish_times: dict[tuple[str, int], int] | None = None) -> Lag:
+                publish_times: dict[tuple[str, int], int] | None = None, *,
+                window: Mapping[str, int] | None = None, heads: Mapping[str, "TopicSnapshot"] | None = None) -> Lag:
     """Per topic: messages, bytes and milliseconds the subscription is behind.
 
     `bytes` is what the planner would read for the backlog (from descriptor sizes, index
@@ -29,6 +30,11 @@ def measure_lag(begin: Mapping[str, int], latest: Mapping[str, int], snapshots: 
     left out when a range cannot be planned (data loss is reported when it is read).
     `publish_times` memoises the publish times read, so a stream reads one new message per
     topic and trigger (the last batch's newest is this batch's last read).
+
+    A stream plans a window of a long backlog per trigger (`window`: where each topic's
+    `snapshots` end, below `latest` for such a backlog): its `bytes` then count up to there,
+    and `bytesUpTo` says where that is; the newest publish time comes from `heads` (a snapshot
+    of such a topic's last offset).
     """
     memo = publish_times if publish_times is not None else {}
     lag: Lag = {}
@@ -37,8 +43,13 @@ def measure_lag(begin: Mapping[str, int], latest: Mapping[str, int], snapshots: 
         entry = {"messages": max(0, end - start), "bytes": 0, "ms": 0}
         if end > start:
             snap = snapshots[topic]
-            _put(entry, "bytes", _backlog_bytes(snap, start, end))
-            newest = _memo_publish_time(memo, snap, end - 1)
+            counted = min(end, window[topic]) if window is not None and topic in window else end
+            _put(entry, "bytes", _backlog_bytes(snap, start, counted))
+            if counted < end:
+                entry["bytesUpTo"] = counted
+                newest = _memo_publish_time(memo, heads[topic], end - 1) if heads and topic in heads else None
+            else:
+                newest = _memo_publish_time(memo, snap, end - 1)
             read = _memo_publish_time(memo, snap, start - 1) if start > 0 else None
             read = read if read is not None else _memo_publish_time(memo, snap, start)
             _put(entry, "ms", None if newest is None or read is None else max(0, newest - read))

@@ -42,6 +42,9 @@ from danube_core.topics import TopicName
 logger = logging.getLogger(__name__)
 
 WINDOW_DESCRIPTORS = 4096  # a backlog below the head up to this many descriptors is cached
+# Objects a batch of a stream far behind plans per topic: a long backlog is read a window per
+# trigger, each trigger planned in a bounded time (bench/bench_metadata_cache.py "from earliest").
+PLAN_WINDOW_OBJECTS = 1024
 WATCH_PREFIX = "/"  # storage roots, /topics, /namespaces and /cluster share only the root
 
 

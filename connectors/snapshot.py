@@ -88,7 +88,10 @@ class TopicSnapshot:
     consecutive offsets ending at the WAL head (empty when no WAL is reachable or configured).
     `latest_offset`: end-exclusive, the next offset not yet readable. `reused`: offsets the
     current run holds that an older run held too (`connectors.topic_runs.ReusedRange`), which
-    the planner reports as data loss wherever a batch reads them.
+    the planner reports as data loss wherever a batch reads them. `restarted_at`: the first
+    offset of a new run of the topic found by the look this snapshot came from (a stream past
+    it never reads the new run below it), else None. `unread_tail`: the tail a WAL the driver
+    cannot reach holds (owner, from offset, evidence, reason), else None.
     """
 
     topic: str
@@ -99,6 +102,8 @@ class TopicSnapshot:
     wal_storage_options: dict = field(default_factory=dict)
     sealed_offset: int | None = None
     reused: list = field(default_factory=list)
+    restarted_at: int | None = None
+    unread_tail: dict | None = None
 
     @property
     def wal_start(self) -> int | None:

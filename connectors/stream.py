@@ -55,6 +55,7 @@ from connectors.partitions import plan_partitions, read_partition
 from connectors.offsets import SourceOffset, cap_at, message_counts, resolve_start, with_new_topics
 from connectors.options import DanubeOptions
 from connectors.plain_errors import plain_config_errors, plain_iteration
+from connectors.query_scope import PLAN_WINDOW_OBJECTS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -199,12 +200,15 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = with_new_topics(positions, topics, state.catalog)
         latest = {**begin, **state.catalog.latest_offsets(topics)}
         state.latest_seen.update(latest)
-        self._report_restarts(state, begin)
         if state.target is not None:
             latest = {**begin, **cap_at(latest, state.target)}
-        snapshots = state.catalog.snapshots({t: max(0, min(begin[t], e) - 1) for t, e in latest.items()}, latest)
-        self._report_lag(state, begin, latest, snapshots)
-        end = self._admit(state, begin, latest, limit, snapshots)
+        # A batch plans at most a window of objects per topic: a stream far behind on a long
+        # history holds and plans a bounded part of it per trigger, not the whole backlog.
+        window = {t: state.catalog.window_end(t, begin[t], e, PLAN_WINDOW_OBJECTS) for t, e in latest.items()}
+        snapshots = state.catalog.snapshots({t: max(0, min(begin[t], e) - 1) for t, e in window.items()}, window)
+        self._report_restarts(state, begin, snapshots)
+        self._report_lag(state, begin, latest, window, snapshots)
+        end = self._admit(state, begin, latest, window, limit, snapshots)
         if self.options.lost_offsets_location is not None and not self.options.fail_on_data_loss:
             from connectors.loss_records import fold
 
@@ -268,12 +272,16 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             logger.warning("subscription %s: could not commit cursors %s (retried next trigger): %s",
                            self.options.subscription, start.positions, exc)
 
-    def _report_restarts(self, state: _DriverState, begin: Mapping[str, int]) -> None:
+    def _report_restarts(self, state: _DriverState, begin: Mapping[str, int],
+                         snapshots: Mapping[str, "TopicSnapshot"]) -> None:
         """A run that began while the query was past its first offset: the new run's offsets
         below the query's position are never read (the real broker restarted at 0, §6.6)."""
         from connectors.data_loss import report
 
-        for topic, first in state.catalog.take_restarts().items():
+        for topic, snap in snapshots.items():
+            first = snap.restarted_at
+            if first is None:
+                continue
             state.publish_times.clear()  # offsets now name other messages
             if topic in begin and first < begin[topic]:
                 lost = report(topic, first, begin[topic],
@@ -296,20 +304,22 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     skipped[topic] = skipped.get(topic, 0) + reused
         if skipped:
             state.reported["skippedOffsets"] = dict(sorted(skipped.items()))
-        unread = state.catalog.unread_tails()
+        unread = {t: snap.unread_tail for t, snap in snapshots.items() if snap.unread_tail is not None}
         if unread:
             state.reported["unreadTail"] = dict(sorted(unread.items()))
         if state.missing.now:
             state.reported["missingTopics"] = list(state.missing.now)
 
     def _admit(
-        self, state: _DriverState, begin: dict[str, int], latest: dict[str, int], limit: ReadLimit,
-        snapshots: dict[str, "TopicSnapshot"],
+        self, state: _DriverState, begin: dict[str, int], latest: dict[str, int], window: dict[str, int],
+        limit: ReadLimit, snapshots: dict[str, "TopicSnapshot"],
     ) -> dict[str, int]:
+        """The batch's end: within the planning `window` (`latest` where the backlog fits in it),
+        bounded by the read limits."""
         from connectors.planner import cap_end_offsets
 
         if isinstance(limit, ReadAllAvailable):
-            return latest
+            return window
         o = self.options
         now_ms = time.monotonic() * 1000
         if o.min_messages_per_trigger is not None and state.target is None:
@@ -321,16 +331,19 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return begin
         max_messages = limit.max_rows if isinstance(limit, ReadMaxRows) else o.max_messages_per_trigger
         max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else o.max_bytes_per_trigger
-        end = cap_end_offsets(begin, latest, snapshots, max_messages=max_messages, max_bytes=max_bytes,
+        end = cap_end_offsets(begin, window, snapshots, max_messages=max_messages, max_bytes=max_bytes,
                               frame_index=state.catalog.read_frame_index)
         if end != begin:
             state.last_batch_ms = now_ms
         return end
 
     def _report_lag(
-        self, state: _DriverState, begin: dict[str, int], latest: dict[str, int], snapshots: dict[str, "TopicSnapshot"]
+        self, state: _DriverState, begin: dict[str, int], latest: dict[str, int], window: dict[str, int],
+        snapshots: dict[str, "TopicSnapshot"],
     ) -> None:
-        lag = measure_lag(begin, latest, snapshots, state.publish_times)
+        beyond = {t: e for t, e in latest.items() if window[t] < e}  # backlogs longer than the window
+        heads = state.catalog.snapshots({t: e - 1 for t, e in beyond.items()}) if beyond else {}
+        lag = measure_lag(begin, latest, snapshots, state.publish_times, window=window, heads=heads)
         state.reported = SourceOffset(latest, lag=lag).to_json_dict()
         behind = {t: v for t, v in lag.items() if v["messages"]}
         logger.info("subscription %s lag: %s", self.options.subscription, behind or "none")

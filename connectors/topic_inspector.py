@@ -299,8 +299,7 @@ class TopicInspector:
 
     def unread_tail(self, topic: str) -> dict | None:
         """The tail a WAL this inspector cannot read holds (owner, from offset, evidence), or None."""
-        self.catalog.latest_offsets([topic])
-        return self.catalog.unread_tails().get(topic)
+        return self.catalog.snapshot(topic, 0, 0).unread_tail
 
     # ---- subscriptions ------------------------------------------------------------------
 

@@ -90,6 +90,9 @@ class ReusedRange:
                 f"messages there are in: {'; '.join(s.describe() for s in self.sources)}{salvage}")
 
 
+COMPACT_KEEP = 64  # newest descriptors a clean run's audit keeps (`RunAudit.compact`)
+
+
 @dataclass
 class RunAudit:
     """The current run of one topic and every stale source found beside it."""
@@ -131,6 +134,22 @@ class RunAudit:
                 self.current_descriptors.append(d)
                 self.held.append((d.start_offset, d.end_offset + 1))
                 self.current_stop = max(self.current_stop or 0, d.end_offset + 1)
+
+    def compact(self) -> None:
+        """Keep, of a clean run, only its newest descriptors and the ranges it holds merged: a
+        stream audits a long history once when it starts, and must not hold the whole list for
+        its life. (A clean run's `reused` is empty and `continues` asks about the newest; an
+        unclean one keeps everything, as its reads are planned from it.)"""
+        if not self.clean:
+            return
+        del self.current_descriptors[:-COMPACT_KEEP]
+        merged: list[tuple[int, int]] = []
+        for start, stop in sorted(self.held):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+            else:
+                merged.append((start, stop))
+        self.held = merged
 
     def summary(self) -> str:
         """One line for logs: the current run and what is stale beside it."""

@@ -2,10 +2,10 @@
 
 Real Danube brokers never say where their WAL is, so with `walRoot=auto` the newest, not yet
 uploaded messages of their topics are out of reach. That must never look like "no more
-messages": `UnreadTails` keeps, per topic, the owner whose WAL is unreadable, the first
+messages": `UnreadTails` works out, per topic, the owner whose WAL is unreadable, the first
 offset not read and the highest offset etcd proves exists (a subscription cursor past it),
-warns once per topic and owner with the option to set, and hands the same facts to query
-progress and the inspection command.
+warns once per topic and owner with the option to set, and the catalog hands the same facts
+to query progress and the inspection command with each snapshot (`unread_tail`).
 """
 
 from __future__ import annotations
@@ -20,27 +20,26 @@ logger = logging.getLogger(__name__)
 
 
 class UnreadTails:
-    """Per topic: the tail an unreachable WAL holds, as far as etcd can tell."""
+    """The tail an unreachable WAL holds, as far as etcd can tell, warned about once."""
 
     def __init__(self, cursors: Callable[[str], list[int]]) -> None:
         self._cursors = cursors  # topic -> every subscription cursor (inclusive offsets)
-        self._tails: dict[str, dict] = {}
         self._warned: set[tuple[str, int | None]] = set()
 
-    def note(self, topic: str, why: UnreachableWal | None, latest: int, audit: RunAudit | None) -> None:
-        """Record the tail past `latest` (end-exclusive) that `why` keeps from being read."""
+    def note(self, topic: str, why: UnreachableWal | None, latest: int, audit: RunAudit | None) -> dict | None:
+        """The tail past `latest` (end-exclusive) that `why` keeps from being read (None when
+        `why` is None), warned about once per topic and owner."""
         if why is None:
-            self._tails.pop(topic, None)
-            return
+            return None
         stale_top = max((s.last_offset for s in audit.stale_sources), default=-1) if audit else -1
         # A cursor at or below an older run's offsets may be that run's: no evidence of a tail.
         evidence = [c for c in self._cursors(topic) if c >= latest and c > stale_top]
         through = max(evidence) if evidence else None
-        self._tails[topic] = {"broker": why.broker_id, "fromOffset": latest, "atLeastThrough": through,
-                              "reason": why.reason}
+        tail = {"broker": why.broker_id, "fromOffset": latest, "atLeastThrough": through, "reason": why.reason}
         if (topic, why.broker_id) not in self._warned:
             self._warned.add((topic, why.broker_id))
             self._warn(topic, why, latest, through)
+        return tail
 
     @staticmethod
     def _warn(topic: str, why: UnreachableWal, latest: int, through: int | None) -> None:
@@ -52,7 +51,3 @@ class UnreadTails:
             "or a JSON map {\"%s\": \"<url of that broker's wal_cloud.wal.dir>\"} (a shared "
             "volume or a read-only HTTP file server beside the broker).",
             topic, why.broker_id, why.reason, known, why.broker_id)
-
-    def as_dict(self) -> dict[str, dict]:
-        """Per topic noted so far (a copy), for query progress."""
-        return {t: dict(v) for t, v in self._tails.items()}

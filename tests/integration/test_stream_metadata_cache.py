@@ -28,7 +28,7 @@ from connectors.stream import DanubeStreamReader
 from danube_core.cached_store import CachedMetadataStore
 from danube_core.errors import ConfigError, DataLossError, MetadataCompactedError
 from danube_core.keys import cursor_key, namespace_topic_key, subscription_key, subscriptions_prefix
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import dump_cursor
 from tests.rig import CountingStore, eventually
@@ -366,3 +366,77 @@ def test_a_named_topic_that_does_not_exist_is_named_listed_and_not_registered_un
             strict.initialOffset()
     finally:
         strict.stop()
+
+
+def test_a_stream_far_behind_plans_a_window_of_its_backlog_per_trigger(env, monkeypatch):
+    """From `earliest` on a history longer than the planning window, each trigger plans and
+    admits at most a window of objects (the rest in later batches), reports the whole backlog
+    in messages, and its bytes up to the window's end, named."""
+    window = 8
+    monkeypatch.setattr(stream_module, "PLAN_WINDOW_OBJECTS", window)
+    builder = env["builder"]
+    for _ in range(30):
+        builder.append(5)
+        builder.upload()
+    builder.append(3)  # a WAL tail past the last object
+    total = 30 * 5 + 3
+    topic = env["topic"]
+    reader = DanubeStreamReader(parse_options({**env["options"], "startingOffsets": "earliest"}))
+    start, read, batches = reader.initialOffset(), [], []
+    try:
+        while True:
+            end = reader.latestOffset(start, ReadAllAvailable())
+            if end == start:
+                break
+            progress = reader.reportLatestOffset()
+            begin, stop = start["offsets"][topic], end["offsets"][topic]
+            lag = progress["lag"][topic]
+            assert lag["messages"] == total - begin  # the whole backlog, not the window
+            if stop < total:
+                assert lag["bytesUpTo"] == stop and lag["bytes"] > 0 and "ms" in lag
+            else:
+                assert "bytesUpTo" not in lag
+            partitions = reader.partitions(start, end)
+            batch = offsets_read(partitions)
+            batches.append(len(batch))
+            read.extend(batch)
+            reader.commit(end)
+            start = end
+        assert read == list(range(total))
+        assert max(batches) <= (window + 1) * 5 + 3 and len(batches) >= 30 // (window + 1)
+    finally:
+        reader.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_run_restarted_below_a_streams_position_is_named_once(env, fail_on_data_loss):
+    """A broker that restarts the topic at offset 0 while a stream is at 50 (the real broker's
+    fault, spec §6.6): the new run's offsets below 50 are never read. The snapshot of the
+    trigger that finds the new run says where it began; the stream names the loss once."""
+    builder, topic = env["builder"], env["topic"]
+    builder.append(50)
+    builder.upload()
+    reader = DanubeStreamReader(parse_options({**env["options"], "startingOffsets": "earliest",
+                                               "failOnDataLoss": str(fail_on_data_loss).lower()}))
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert offsets_read(reader.partitions(start, end)) == list(range(50))
+        reader.commit(end)
+        builder.crash_restart(builder.broker_id + 1)
+        builder.append(70)  # offsets 0..69 of the new run
+        builder.upload()
+        if fail_on_data_loss:
+            with pytest.raises(DataLossError, match=rf"{re.escape(topic)}.*\[0, 50\).*restarted at 0"):
+                reader.latestOffset(end, ReadAllAvailable())
+            return
+        after = reader.latestOffset(end, ReadAllAvailable())
+        assert reader.reportLatestOffset()["skippedOffsets"] == {topic: 50}
+        assert offsets_read(reader.partitions(end, after)) == list(range(50, 70))
+        reader.commit(after)
+        builder.append(5)
+        builder.upload()
+        reader.latestOffset(after, ReadAllAvailable())
+        assert reader.reportLatestOffset()["skippedOffsets"] == {topic: 50}  # named once, not again
+    finally:
+        reader.stop()
