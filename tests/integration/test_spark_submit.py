@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from danube_core.keys import cursor_key
-from danube_core.metadata import EtcdMetadataStore
+from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import parse_cursor
-from pipelines.embedded import REPO_ROOT
+from devstack import REPO_ROOT
 from tests.topic_builder import TopicBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -70,6 +70,8 @@ def test_spark_submit_runs_a_pipeline_on_a_local_master(etcd_endpoint, tmp_path,
         assert "spark.sql.shuffle.partitions=7)" in done.stdout  # the driver's Python logs to stdout
         # Spark logs at WARN by default, and Ivy's report only comes with a download.
         assert [line for line in done.stderr.splitlines() if " INFO " in line] == [], done.stderr[-3000:]
+        # format("danube") is found on its own; registering it again would warn it was replaced.
+        assert "replaced a" not in done.stderr, done.stderr[-3000:]
         assert ":: resolution report ::" not in done.stderr or "downloading " in done.stderr, done.stderr[-3000:]
 
 
