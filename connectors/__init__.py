@@ -26,8 +26,7 @@ def register(spark: Any, *, etcd_options: Mapping[str, str] | None = None) -> An
     """
     from connectors.cursor_commit import DanubeCursorCommitter
 
-    if not _available(spark):
-        spark.dataSource.register(DanubeDataSource)
+    spark.dataSource.register(DanubeDataSource)
     committer = _COMMITTERS.get(id(spark))
     if committer is None:
         committer = DanubeCursorCommitter(etcd_options)
@@ -36,15 +35,3 @@ def register(spark: Any, *, etcd_options: Mapping[str, str] | None = None) -> An
     elif etcd_options:
         committer.add_credentials(etcd_options)
     return committer
-
-
-def _available(spark: Any) -> bool:
-    """Whether `spark` already has `format("danube")`: found on its own (`pyspark_danube`, the
-    installed package) or registered by an earlier call. Registering it again only makes Spark
-    warn that it replaced one. A session without a JVM of its own (Spark Connect) is asked
-    nothing: registering there is the way to be sure."""
-    try:
-        manager = spark._jsparkSession.sessionState().dataSourceManager()
-        return bool(manager.dataSourceExists(DanubeDataSource.name()))
-    except Exception:  # noqa: BLE001  # no JVM session: register
-        return False
