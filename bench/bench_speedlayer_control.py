@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 from common import Column, machine_info, print_table, write_results  # noqa: E402
 from pyspy_profile import print_summary, profile_processes  # noqa: E402
 
-from speedlayer.client import delta_request  # noqa: E402
+from speedlayer.clients import delta_request  # noqa: E402
 from speedlayer.records import GlobalConfig  # noqa: E402
 from tests.speedlayer.cluster import SpeedLayerCluster, ready_workers  # noqa: E402
 
@@ -114,7 +114,8 @@ def bench_worker_loss(root: Path, ttl_heartbeat_s: int, delay_s: float, table: s
 def run_stub_workers(masters: list[str], count: int) -> None:
     """Workers that register and heartbeat but never load (control-plane timing only); run in
     a process of their own so that parsing the plans they receive does not slow the timed client."""
-    from speedlayer.worker.agent import WorkerAgent, WorkerConfig
+    from speedlayer.config import WorkerConfig
+    from speedlayer.worker.agent import WorkerAgent
 
     class Stub(WorkerAgent):
         def _assigned(self, event) -> None:

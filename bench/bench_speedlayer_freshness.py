@@ -88,8 +88,8 @@ class Run:
     """The cluster (etcd, master, worker, gateway), the followed table and its row count."""
 
     def __init__(self, root: Path, rows: int, poll_s: float) -> None:
-        from speedlayer.client import delta_request
-        from speedlayer.query.client import QueryClient
+        from speedlayer.clients import delta_request
+        from speedlayer.clients.query_client import QueryClient
         from speedlayer.records import GlobalConfig
         from tests.speedlayer.cluster import SpeedLayerCluster
 

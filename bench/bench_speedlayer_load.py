@@ -5,7 +5,7 @@ Usage: python bench/bench_speedlayer_load.py [--rows 20000000] [--threads 2]
 Writes a partitioned Delta table (deltalake, 30 day partitions, 7 columns; ~48 bytes a row in
 Arrow, so 20 M rows is ~1 GB in memory), then, in the same run:
 * speed layer: what a worker does for an assignment: the master's resolve of the Delta log into
-  a LoadPlan (`DeltaConnector`), then `EpochLoader.load` into DuckDB (`--threads`, memory limit
+  a LoadPlan (`DeltaTableSource`), then `EpochLoader.load` into DuckDB (`--threads`, memory limit
   8 GB), partition columns added;
 * baseline: `spark.read.format("delta").load(path).cache().count()` on a local[`--threads`]
   session with Delta (session start not timed; driver memory 6 GB).
@@ -59,11 +59,11 @@ def write_table(path: str, rows: int) -> int:
 def speed_layer_load(path: str, threads: int) -> dict:
     from speedlayer.api.v1 import control_plane_service_pb2 as cp
     from speedlayer.api.v1 import management_service_pb2 as mg
-    from speedlayer.catalog.delta import DeltaConnector
+    from speedlayer.sources.delta import DeltaTableSource
     from speedlayer.worker.loader import EpochLoader
 
     cpu0, started = tree_cpu_s(), time.perf_counter()
-    resolved = DeltaConnector().resolve(mg.DataSourceIdentifier(delta_table=mg.DeltaTable(table_uri=path)), [])
+    resolved = DeltaTableSource().resolve(mg.DataSourceIdentifier(delta_table=mg.DeltaTable(table_uri=path)), [])
     resolved_s = time.perf_counter() - started
     plan = cp.LoadPlan(plan_id="bench", source=resolved.source, destination_table_name="bench_v0",
                        arrow_schema=resolved.arrow_schema, partition_columns=resolved.partition_columns)

@@ -103,7 +103,7 @@ class Phase:
 
 def concurrent_load(gateway: str, tenant: str, rows: int, clients: int, seconds: float,
                     during=None) -> dict:
-    from speedlayer.client import QueryClient
+    from speedlayer.clients import QueryClient
 
     ok, failures, lock, stop = [0], [], threading.Lock(), threading.Event()
 
@@ -139,7 +139,7 @@ def concurrent_load(gateway: str, tenant: str, rows: int, clients: int, seconds:
 
 def speed_layer_phase(path: str, rows: int, samples: int, seconds: float, phases: dict) -> dict:
     from devstack.embedded_etcd import EmbeddedEtcd
-    from speedlayer.client import QueryClient
+    from speedlayer.clients import QueryClient
     from devstack.speedlayer_stack import EmbeddedSpeedLayer
 
     rng = random.Random(1)

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from danube_core.errors import ConfigError, DanubeError, InvalidTopicNameError, MetadataUnavailableError
 from danube_core.keys import DEFAULT_ROOT_PREFIX, StorageKeys, parse_object_key
 from danube_core.metadata import MetadataStore
-from danube_core.metadata_etcd import EtcdMetadataStore
+from danube_core.etcd_settings import EtcdSettings
 from danube_core.records import NON_RELIABLE, RELIABLE, CurPointer, ObjectDescriptor, SealedState
 from danube_core.topics import TopicName
 
@@ -145,11 +145,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _endpoint_and_prefix(args: argparse.Namespace) -> tuple[str, str]:
+def _etcd_and_prefix(args: argparse.Namespace) -> tuple[EtcdSettings, str]:
+    """With `--config`, the broker's own etcd settings (TLS, user and password included)."""
     if args.config:
         config = load_config(args.config)
-        return config.meta_store.endpoint, args.root_prefix or config.uploader.root_prefix
-    return args.etcd or "127.0.0.1:2379", args.root_prefix or DEFAULT_ROOT_PREFIX
+        return config.meta_store.etcd, args.root_prefix or config.uploader.root_prefix
+    return EtcdSettings(args.etcd or "127.0.0.1:2379"), args.root_prefix or DEFAULT_ROOT_PREFIX
 
 
 def _dispatch(admin: Admin, args: argparse.Namespace) -> None:
@@ -168,8 +169,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     out, err = out or sys.stdout, err or sys.stderr
     args = _parser().parse_args(argv)
     try:
-        endpoint, root_prefix = _endpoint_and_prefix(args)
-        with EtcdMetadataStore(endpoint) as metadata:
+        etcd, root_prefix = _etcd_and_prefix(args)
+        with etcd.connect() as metadata:
             _dispatch(Admin(metadata, root_prefix, out), args)
     except ConfigError as exc:
         err.write(f"error: {exc}\n")

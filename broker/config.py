@@ -10,7 +10,8 @@ flushing).
 
 Environment overrides: `DANUBE_<KEY>__<KEY>...=<yaml scalar>`, e.g.
 `DANUBE_BROKER__PORTS__CLIENT=6651` or `DANUBE_WAL_CLOUD__WAL__DIR=/data/wal`. Values are read
-as YAML (`null`, `true`, numbers, `[a, b]`). Only variables naming a known top-level key are used.
+as YAML (`null`, `true`, numbers, `[a, b]`), the password (`DANUBE_META_STORE__PASSWORD`) as
+written. Only variables naming a known top-level key are used (`danube_core.env_overrides`).
 
 Every value is checked before anything starts; a bad one raises `ConfigError` naming the file,
 the key and what is expected.
@@ -18,6 +19,7 @@ the key and what is expected.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -25,13 +27,14 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from danube_core.env_overrides import apply_env_overrides
 from danube_core.errors import ConfigError
+from danube_core.etcd_settings import EtcdKeyNames, EtcdSettings, parse_etcd_settings
 from danube_core.records import Policies
 
 logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "DANUBE_"
-ENV_SEPARATOR = "__"
 LOOPBACK_FOR_ANY = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 # Who serves the client port (our extension, `broker.grpc_front`): "native" answers
 # SendMessage in Rust and hands the rest to Python's gRPC server (broker/send_front.py);
@@ -72,19 +75,16 @@ class MetaStoreConfig:
     """The etcd server; `embedded` starts a local one on this port if nothing listens there.
 
     Our extension for secured clusters: `user`/`password` (etcd authentication) and
-    `ca_cert` (TLS) with optional `cert_key`/`cert_cert` (client certificate). Put the password
-    in the environment (`DANUBE_META_STORE__PASSWORD`), not the file; it is never logged.
+    `ca_cert` (TLS) with optional `cert_key`/`cert_cert` (client certificate), in `etcd`
+    (`danube_core.etcd_settings`). Put the password in the environment
+    (`DANUBE_META_STORE__PASSWORD`), not the file; it is never logged.
     """
 
     host: str
     port: int
     embedded: bool
     data_dir: str
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    ca_cert: str | None = None
-    cert_key: str | None = None
-    cert_cert: str | None = None
+    etcd: EtcdSettings
 
     @property
     def endpoint(self) -> str:
@@ -226,29 +226,9 @@ def load_config(path: str, environ: Mapping[str, str] | None = None) -> BrokerCo
     raw = raw if raw is not None else {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path}: the top level must be a mapping, got {type(raw).__name__}")
-    apply_env_overrides(raw, os.environ if environ is None else environ, path)
+    apply_env_overrides(raw, os.environ if environ is None else environ, prefix=ENV_PREFIX, sections=_TOP_LEVEL,
+                        source=path)
     return parse_config(raw, path)
-
-
-def apply_env_overrides(raw: dict, environ: Mapping[str, str], source: str) -> None:
-    """Set `raw[a][b]... = yaml(value)` for every `DANUBE_A__B...` naming a known top-level key."""
-    for name, text in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX):
-            continue
-        parts = [p.lower() for p in name[len(ENV_PREFIX):].split(ENV_SEPARATOR)]
-        if parts[0] not in _TOP_LEVEL or not all(parts):
-            continue
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"environment override {name}={text!r} (for {source}) is not a YAML value") from exc
-        node = raw
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = node[part] = {}
-            node = child
-        node[parts[-1]] = value
 
 
 def parse_config(raw: dict, source: str) -> BrokerConfig:
@@ -322,22 +302,15 @@ def _with_scheme(url: str) -> str:
 
 def _meta_store(section: _Reader) -> MetaStoreConfig:
     section.only({"host", "port", "embedded", "data_dir", "user", "password", "ca_cert", "cert_key", "cert_cert"})
-    optional = {name: section.value(name, None, lambda v: isinstance(v, str) and v != "", "a non-empty string")
-                for name in ("user", "ca_cert", "cert_key", "cert_cert")}
-    password = section.raw.get("password")
-    if password is not None and not (isinstance(password, str) and password):
-        raise section.error(section.key("password"), "<hidden>", "a non-empty string")
-    if (optional["user"] is None) != (password is None):
-        raise section.error(section.key("user"), optional["user"], "given together with meta_store.password")
-    if (optional["cert_key"] is None) != (optional["cert_cert"] is None):
-        raise section.error(section.key("cert_key"), optional["cert_key"], "given together with meta_store.cert_cert")
+    host, port = section.text("host", "127.0.0.1"), section.integer("port", 2379, 1, 65535)
+    names = EtcdKeyNames.section(section.path, where=f"config {section.source}")
+    names = dataclasses.replace(names, endpoints=f"{section.key('host')}/{section.key('port')}")
     return MetaStoreConfig(
-        host=section.text("host", "127.0.0.1"),
-        port=section.integer("port", 2379, 1, 65535),
+        host=host,
+        port=port,
         embedded=section.flag("embedded", False),
         data_dir=section.text("data_dir", "./danube-data/etcd"),
-        password=password,
-        **optional,
+        etcd=parse_etcd_settings({**section.raw, "endpoints": f"{host}:{port}"}, names, section.error),
     )
 
 

@@ -50,7 +50,6 @@ from danube_core.election import LeaseElection
 from danube_core.errors import ConfigError
 from danube_core.keys import topic_root_key
 from danube_core.metadata import Lease, MetadataStore
-from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import BrokerRegistration, dump_u64
 from danube_core.topics import TopicName
 from devstack.embedded_etcd import EmbeddedEtcd  # `meta_store.embedded`: the development default
@@ -183,8 +182,7 @@ class BrokerServer:
         if store.embedded and not _port_open(store.host, store.port):
             self._etcd = EmbeddedEtcd(data_dir=store.data_dir, client_port=store.port)
             logger.info("started an embedded etcd on %s (data in %s)", self._etcd.endpoint, store.data_dir)
-        return EtcdMetadataStore(store.endpoint, user=store.user, password=store.password, ca_cert=store.ca_cert,
-                                 cert_key=store.cert_key, cert_cert=store.cert_cert)
+        return store.etcd.connect()
 
     def _bootstrap_metadata(self) -> None:
         namespaces = Namespaces(self.metadata)

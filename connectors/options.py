@@ -16,17 +16,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from danube_core.errors import ConfigError, InvalidTopicNameError
+from danube_core.etcd_settings import DEFAULT_TIMEOUT_MS, EtcdKeyNames, EtcdSettings, parse_etcd_settings
 from danube_core.keys import DEFAULT_ROOT_PREFIX
 from danube_core.topics import TopicName
 
 from connectors import option_values as values
 from connectors.wal_root import WAL_AUTO, WAL_NONE, WAL_ROOT_FORMS, parse_wal_map  # walRoot's keywords and forms
-
-if TYPE_CHECKING:
-    from danube_core.metadata import MetadataStore
 
 # ---- where ------------------------------------------------------------------------------------
 ETCD_ENDPOINTS = "etcd.endpoints"
@@ -63,6 +61,13 @@ FAIL_ON_MISSING_TOPIC = "failOnMissingTopic"
 INCLUDE_SOURCE = "includeSource"
 SALVAGE = "salvage"
 LOST_OFFSETS_LOCATION = "lostOffsetsLocation"
+
+# How the `etcd.*` options spell the settings (`danube_core.etcd_settings`), for errors and hints.
+ETCD_KEY_NAMES = EtcdKeyNames(ETCD_ENDPOINTS, ETCD_USER, ETCD_PASSWORD, ETCD_CA_CERT, ETCD_CERT_KEY,
+                              ETCD_CERT_CERT, ETCD_TIMEOUT_MS)
+
+ETCD_OPTIONS = (ETCD_ENDPOINTS, ETCD_USER, ETCD_PASSWORD, ETCD_CA_CERT, ETCD_CERT_KEY, ETCD_CERT_CERT,
+                ETCD_TIMEOUT_MS)
 
 KNOWN_OPTIONS = (
     ETCD_ENDPOINTS, ETCD_USER, ETCD_PASSWORD, ETCD_CA_CERT, ETCD_CERT_KEY, ETCD_CERT_CERT,
@@ -101,35 +106,13 @@ KAFKA_EQUIVALENTS = {
 _KAFKA_ALIASES_LOWER = {k.lower(): v for k, v in KAFKA_ALIASES.items()}
 _KAFKA_EQUIVALENTS_LOWER = {k.lower(): (k, v) for k, v in KAFKA_EQUIVALENTS.items()}
 
-DEFAULT_ETCD_TIMEOUT_MS = 5000
+DEFAULT_ETCD_TIMEOUT_MS = DEFAULT_TIMEOUT_MS
 DEFAULT_MAX_PARTITION_BYTES = 128 * 1024 * 1024
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 
 # Special per-topic values inside startingOffsets/endingOffsets JSON, as in Spark's Kafka source.
 EARLIEST = -2
 LATEST = -1
-
-
-@dataclass(frozen=True)
-class EtcdSettings:
-    """How to reach the etcd that holds Danube's metadata (password kept out of repr)."""
-
-    endpoints: str
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    ca_cert: str | None = None
-    cert_key: str | None = None
-    cert_cert: str | None = None
-    timeout_ms: int = DEFAULT_ETCD_TIMEOUT_MS
-
-    def connect(self) -> "MetadataStore":
-        """An etcd metadata store; MetadataUnavailableError naming the endpoints if unreachable."""
-        from danube_core.metadata_etcd import EtcdMetadataStore
-
-        return EtcdMetadataStore(
-            self.endpoints, user=self.user, password=self.password, ca_cert=self.ca_cert,
-            cert_key=self.cert_key, cert_cert=self.cert_cert, timeout_s=self.timeout_ms / 1000,
-        )
 
 
 @dataclass(frozen=True)
@@ -273,24 +256,16 @@ def parse_etcd(raw: Mapping[str, str]) -> EtcdSettings:
 
 
 def _etcd(opts: Mapping[str, str]) -> EtcdSettings:
-    endpoints = values.required(opts, ETCD_ENDPOINTS)
-    parts = [p.strip() for p in endpoints.split(",")]
-    if any(not p or " " in p for p in parts):
-        raise values.invalid(ETCD_ENDPOINTS, endpoints, "host:port, http(s)://host:port, comma-separated")
-    settings = EtcdSettings(
-        endpoints=",".join(parts),
-        user=values.get(opts, ETCD_USER) or None,
-        password=opts.get(ETCD_PASSWORD.lower()) or None,
-        ca_cert=values.get(opts, ETCD_CA_CERT) or None,
-        cert_key=values.get(opts, ETCD_CERT_KEY) or None,
-        cert_cert=values.get(opts, ETCD_CERT_CERT) or None,
-        timeout_ms=values.integer(opts, ETCD_TIMEOUT_MS, minimum=1) or DEFAULT_ETCD_TIMEOUT_MS,
-    )
-    if (settings.user is None) != (settings.password is None):
-        raise ConfigError(f"options {ETCD_USER!r} and {ETCD_PASSWORD!r} must be given together")
-    if (settings.cert_key is None) != (settings.cert_cert is None):
-        raise ConfigError(f"options {ETCD_CERT_KEY!r} and {ETCD_CERT_CERT!r} must be given together")
-    return settings
+    by_field = {
+        "endpoints": values.required(opts, ETCD_ENDPOINTS),
+        "user": values.get(opts, ETCD_USER) or None,
+        "password": opts.get(ETCD_PASSWORD.lower()) or None,  # as given: blanks may be part of it
+        "ca_cert": values.get(opts, ETCD_CA_CERT) or None,
+        "cert_key": values.get(opts, ETCD_CERT_KEY) or None,
+        "cert_cert": values.get(opts, ETCD_CERT_CERT) or None,
+        "timeout_ms": values.get(opts, ETCD_TIMEOUT_MS),
+    }
+    return parse_etcd_settings(by_field, ETCD_KEY_NAMES, values.invalid)
 
 
 def _storage_options(opts: Mapping[str, str]) -> dict[str, Any]:

@@ -181,8 +181,8 @@ def _query_speed_layer(stack: EmbeddedStack, root: Path, table_path: str) -> Non
     import time
 
     from devstack.speedlayer_stack import EmbeddedSpeedLayer
-    from speedlayer.client import QueryClient
-    from speedlayer.query_cli import render_rows
+    from speedlayer.clients import QueryClient
+    from speedlayer.clients.query_cli import render_rows
 
     say("\n== speed layer: one master, one worker, one gateway (processes)")
     layer = EmbeddedSpeedLayer(root / "speedlayer", stack.etcd_endpoint)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Mapping
 
 from devstack import REPO_ROOT
 from devstack.ports import free_port, wait_for_port
@@ -22,13 +23,17 @@ from devstack.ports import free_port, wait_for_port
 
 class EmbeddedSpeedLayer:
     def __init__(self, root: Path, etcd_endpoint: str, *, key_root: str = "/speedlayer", tenant: str = "demo",
-                 heartbeat_s: int = 1) -> None:
+                 heartbeat_s: int = 1, etcd: Mapping[str, Any] | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        """`etcd`: more keys of the `etcd:` section (a secured etcd's `user`, `ca_cert`, ...);
+        `env`: environment of every process (its `SPEEDLAYER_ETCD__PASSWORD`, kept out of the file)."""
         self.root, self.etcd_endpoint, self.tenant = Path(root), etcd_endpoint, tenant
+        self.env = dict(env or {})
         self.root.mkdir(parents=True, exist_ok=True)
         self.config_path = self.root / "speedlayer.yaml"
         self.master_port, self.gateway_port = free_port(), free_port()
         self.config_path.write_text(json.dumps({
-            "etcd": {"endpoints": etcd_endpoint, "key_root": key_root},
+            "etcd": {"endpoints": etcd_endpoint, "key_root": key_root, **(etcd or {})},
             "master": {"port": self.master_port, "election_ttl_seconds": 2, "heartbeat_interval_seconds": heartbeat_s,
                        "audit_log": str(self.root / "audit.jsonl")},
             "gateway": {"port": self.gateway_port},
@@ -45,7 +50,7 @@ class EmbeddedSpeedLayer:
         return f"127.0.0.1:{self.gateway_port}"
 
     def _spawn(self, name: str, *args: str) -> subprocess.Popen:
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         log = open(self.root / f"{name}.log", "ab")
         process = subprocess.Popen([sys.executable, "-m", "speedlayer", *args], stdout=log,
@@ -54,7 +59,7 @@ class EmbeddedSpeedLayer:
         return process
 
     def start(self, workers: int = 1, worker_memory_mb: int = 2048, worker_threads: int = 2) -> "EmbeddedSpeedLayer":
-        from speedlayer.client import ManagementClient
+        from speedlayer.clients import ManagementClient
 
         self._spawn("master", "master", "--config", str(self.config_path), "--id", "m1")
         wait_for_port(self.master_port)
@@ -72,7 +77,7 @@ class EmbeddedSpeedLayer:
 
     def admit(self, dataset: str, table_uri: str, *, replication: int = 1, timeout_s: float = 120) -> str:
         """Admit a Delta table; returns the epoch once READY on `replication` workers."""
-        from speedlayer.client import delta_request
+        from speedlayer.clients import delta_request
 
         reply = self._client.admit(delta_request(self.tenant, dataset, table_uri, replication=replication))
         if reply.status not in ("ASSIGNED", "PLANNED"):
@@ -87,7 +92,7 @@ class EmbeddedSpeedLayer:
 
     def wait_queryable(self, dataset: str, timeout_s: float = 30) -> None:
         """Until the gateway (its etcd cache) routes queries on `dataset`."""
-        from speedlayer.client import query
+        from speedlayer.clients import query
         from speedlayer.errors import ReplicaUnavailableError
 
         def answered() -> bool:

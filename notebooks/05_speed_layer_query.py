@@ -30,7 +30,7 @@ import time
 
 import pandas as pd
 
-from speedlayer.client import ManagementClient, QueryClient, delta_request
+from speedlayer.clients import ManagementClient, QueryClient, delta_request
 from speedlayer.errors import ReplicaUnavailableError
 
 

@@ -9,7 +9,9 @@ required sections raise one `ConfigError` naming the file, each key path
 values are replaced from the environment first (secrets stay out of the file); an unset
 variable without a default is an error naming the key. A value that came from a variable may
 stand for a number or a boolean (`max_messages_per_trigger: ${BATCH}`), since the
-environment only holds strings; a literal string never does (`Int`, `Bool`).
+environment only holds strings; a literal string never does (`Int`, `Bool`). The substitution
+is `danube_core.env_overrides.expand_env_refs`, the module every part reads its environment
+through.
 
 Every key is documented in `conf/pipelines/orders.yaml`.
 """
@@ -29,10 +31,10 @@ import yaml
 from pydantic import BeforeValidator, ConfigDict, Strict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from danube_core.env_overrides import expand_env_refs
 from danube_core.errors import ConfigError
 from pipelines.speedlayer_feed import SpeedLayerFeed, check_feed
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _INTERVAL = re.compile(r"^\s*(\d+)\s*([a-z]+)\s*$", re.IGNORECASE)
 _INTERVAL_UNITS_MS = {
@@ -300,32 +302,6 @@ def _show(value: Any) -> str:
     return f"{value!r} ({kind})"
 
 
-def interpolate(data: Any, file: str, path: str = "", env: Mapping[str, str] | None = None) -> Any:
-    """Replace `${VAR}` / `${VAR:-default}` in every string of the tree, from `env` (os.environ)."""
-    env = os.environ if env is None else env
-    if isinstance(data, str):
-        if "${" not in data:
-            return data
-
-        def substitute(match: re.Match) -> str:
-            name, default = match.group(1), match.group(2)
-            if name in env:
-                return env[name]
-            if default is not None:
-                return default
-            raise ConfigError(
-                f"{file}: {path or '<top level>'}: environment variable {name!r} is not set "
-                f"(set it, or write ${{{name}:-default}})"
-            )
-
-        return _FromEnv(_ENV_REF.sub(substitute, data))
-    if isinstance(data, Mapping):
-        return {k: interpolate(v, file, _join(path, str(k)), env) for k, v in data.items()}
-    if isinstance(data, list):
-        return [interpolate(v, file, f"{path}[{i}]", env) for i, v in enumerate(data)]
-    return data
-
-
 def parse_interval_ms(text: str) -> int:
     """`"500 ms"`, `"2 seconds"`, `"1m"` -> milliseconds; ValueError naming the text otherwise."""
     match = _INTERVAL.match(text)
@@ -352,7 +328,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Pipel
 def parse_config(data: Any, file: str = "<memory>", env: Mapping[str, str] | None = None) -> PipelineConfig:
     """Validate an already parsed YAML tree (what `load_config` does after reading the file)."""
     loader = _Loader(file)
-    config = loader.build(interpolate(data, file, env=env))
+    config = loader.build(expand_env_refs(data, file, os.environ if env is None else env, mark=_FromEnv))
     config = dataclasses.replace(config, file=file)
     _check(config, loader)
     return config
@@ -379,7 +355,8 @@ def _check(config: PipelineConfig, loader: _Loader) -> None:
     if locations[0] == locations[1]:
         raise loader.error("quarantine", f"must differ from the target ({locations[0]})")
     _check_trigger(config.trigger, loader)
-    for key, problem in check_feed(config.speedlayer) if config.speedlayer is not None else ():
+    source_options = {"etcd.endpoints": config.source.etcd_endpoints, **config.source.options}
+    for key, problem in check_feed(config.speedlayer, source_options) if config.speedlayer is not None else ():
         raise loader.error(key, problem)
 
 

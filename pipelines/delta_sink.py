@@ -73,7 +73,7 @@ from pipelines.expectations import FAILED, BatchQuality, QualityGate, mark_failu
 from pipelines.expressions import ExpressionCache
 from pipelines.metrics import BatchReport, OffsetSpan, PipelineMetrics
 from pipelines.schema_registry import SubjectSchemas
-from pipelines.speedlayer_feed import CommitAnnouncer
+from pipelines.speedlayer_feed import CommitAnnouncer, feed_etcd_settings
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class DeltaBatchWriter:
         self.lock: LockToken | None = None  # the subscription lock that planned the last batch
         self._trails: dict[str, TableTrail] | None = None  # per table location, kept current
         self._replay_tools: dict[str, tuple[Decoder, QualityGate | None]] = {}
-        self.announcer = _announcer(config, metadata)
+        self.announcer = _announcer(config, metadata, self.reader_options)
         self.warmer = TableStateWarmer()  # the next write's Delta state, computed off the batch's path
         self.expressions = ExpressionCache()  # the batch's columns and conditions, built once per query
 
@@ -318,12 +318,14 @@ def _in_background(action: Callable[[], str]) -> Callable[[], str]:
     return wait
 
 
-def _announcer(config: PipelineConfig, metadata: MetadataStore) -> CommitAnnouncer | None:
+def _announcer(config: PipelineConfig, metadata: MetadataStore,
+               reader_options: Mapping[str, str]) -> CommitAnnouncer | None:
     if config.speedlayer is None:
         return None
     target = config.target
     uri = target.path if target.path is None or "://" in target.path else os.path.abspath(target.path)
-    return CommitAnnouncer(config.speedlayer, uri or str(target.table), config.name, metadata)
+    return CommitAnnouncer(config.speedlayer, uri or str(target.table), config.name, metadata,
+                           feed_etcd_settings(config.speedlayer, reader_options))
 
 
 def commit_metadata(pipeline: str, batch_id: int, spans: Mapping[str, OffsetSpan], *,

@@ -57,12 +57,12 @@ def check_services(config: PipelineConfig, options: Mapping[str, str]) -> None:
 
 def connect_etcd(config: PipelineConfig, settings: opt.EtcdSettings, timeout_ms: int) -> MetadataStore:
     """A store on `settings`' etcd, connected within `timeout_ms` per endpoint; the error
-    names the file, `source.etcd_endpoints` and every endpoint tried."""
+    names the file, `source.etcd_endpoints`, every endpoint tried and what to fix
+    (`EtcdSettings.connect`: is etcd running there, the CA for a TLS etcd, the password)."""
     try:
         return dataclasses.replace(settings, timeout_ms=timeout_ms).connect()
     except MetadataError as exc:
-        raise type(exc)(f"{config.file}: source.etcd_endpoints: {exc}; is etcd running there "
-                        "(the broker's meta_store)?") from exc
+        raise type(exc)(f"{config.file}: source.etcd_endpoints: {exc}") from exc
     except ConfigError as exc:  # a TLS file that cannot be read, user without password, ...
         raise ConfigError(f"{config.file}: source: {exc}") from exc
 

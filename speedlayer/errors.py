@@ -1,7 +1,8 @@
 """Errors of the speed layer, each tied to the gRPC status code a caller receives.
 
-The master's logic raises these; only `speedlayer.transport` turns them into gRPC statuses (by
-`status_name`, a `grpc.StatusCode` name), so the logic needs no gRPC import.
+The master's logic raises these; only the master's gRPC services (through
+`speedlayer.master.leader_gate`) turn them into gRPC statuses (by `status_name`, a
+`grpc.StatusCode` name), so the logic needs no gRPC import.
 """
 
 from __future__ import annotations

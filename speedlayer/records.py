@@ -62,7 +62,7 @@ class WorkerRecord:
 
 
 @dataclass(frozen=True)
-class Replica:
+class ReplicaRecord:
     """One worker's copy of an epoch: its state and, once READY, what the load took.
 
     `leaving`: the epoch is moving off this worker (balance, drain); the replica stays, and
@@ -97,7 +97,7 @@ class AssignmentRecord:
     file_count: int = 0
     estimated_memory_bytes: int = 0
     replication: int = 2
-    replicas: dict[str, Replica] = field(default_factory=dict)
+    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
     updated_ms: int = 0
     created_ms: int = 0
     ready_ms: int = 0        # when a first replica became READY (0: never)
@@ -113,13 +113,13 @@ class AssignmentRecord:
     def from_json(cls, raw: bytes, key: str) -> "AssignmentRecord":
         value = load(raw, key)
         try:
-            replicas = {w: Replica(**_pick(Replica, r)) for w, r in value.get("replicas", {}).items()}
+            replicas = {w: ReplicaRecord(**_pick(ReplicaRecord, r)) for w, r in value.get("replicas", {}).items()}
             failures = {str(w): str(why) for w, why in value.get("load_failures", {}).items()}
             return cls(**{**_pick(cls, value), "replicas": replicas, "load_failures": failures})
         except TypeError as exc:
             raise MetadataError(f"{key}: not an assignment record: {exc}") from exc
 
-    def with_replica(self, worker: str, replica: Replica | None) -> "AssignmentRecord":
+    def with_replica(self, worker: str, replica: ReplicaRecord | None) -> "AssignmentRecord":
         replicas = dict(self.replicas)
         if replica is None:
             replicas.pop(worker, None)

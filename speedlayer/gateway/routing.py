@@ -48,7 +48,10 @@ SUSPECT_S = 3.0  # a replica that failed is tried last for this long
 
 
 @dataclass(frozen=True)
-class Replica:
+class ReplicaEndpoint:
+    """Where the gateway sends a query for one READY replica: the worker and its Flight address
+    (from `/workers/{tenant}/{worker}`); the replica's state is `records.ReplicaRecord`."""
+
     worker: str
     address: str
 
@@ -61,19 +64,19 @@ class Route:
     dataset: str
     epoch: str
     version: int
-    replicas: tuple[Replica, ...]
+    replicas: tuple[ReplicaEndpoint, ...]
 
 
-def servable(record: AssignmentRecord, addresses: dict[str, str]) -> list[Replica]:
+def servable(record: AssignmentRecord, addresses: dict[str, str]) -> list[ReplicaEndpoint]:
     """The epoch's READY replicas whose worker's query address is known."""
     if record.status == FAILED:
         return []
-    return [Replica(w, addresses[w]) for w, r in sorted(record.replicas.items())
+    return [ReplicaEndpoint(w, addresses[w]) for w, r in sorted(record.replicas.items())
             if r.state == R_READY and addresses.get(w)]
 
 
 def choose_epoch(records: list[AssignmentRecord], addresses: dict[str, str],
-                 epoch: str | None = None) -> tuple[AssignmentRecord, list[Replica]] | None:
+                 epoch: str | None = None) -> tuple[AssignmentRecord, list[ReplicaEndpoint]] | None:
     """The named epoch, or the newest one with a servable replica; None if there is none."""
     if epoch:
         for record in records:
@@ -87,9 +90,9 @@ def choose_epoch(records: list[AssignmentRecord], addresses: dict[str, str],
     return None
 
 
-def order_replicas(replicas: list[Replica], client_id: str, avoid: frozenset[str] = frozenset()) -> list[Replica]:
+def order_replicas(replicas: list[ReplicaEndpoint], client_id: str, avoid: frozenset[str] = frozenset()) -> list[ReplicaEndpoint]:
     """Rendezvous order for `client_id`: stable per client, spread across clients; `avoid` last."""
-    def score(replica: Replica) -> tuple[bool, bytes]:
+    def score(replica: ReplicaEndpoint) -> tuple[bool, bytes]:
         digest = hashlib.blake2b(f"{client_id}\0{replica.worker}".encode(), digest_size=8).digest()
         return (replica.worker in avoid, bytes(255 - b for b in digest))
 

@@ -28,13 +28,12 @@ from speedlayer.errors import (
     InvalidRequestError, NotFoundError, QueryTimeoutError, ReplicaUnavailableError, SpeedLayerError,
     UnauthenticatedError,
 )
-from speedlayer.gateway.routing import Replica, Route, RoutingTable
+from speedlayer.gateway.routing import ReplicaEndpoint, Route, RoutingTable
 from speedlayer.keys import valid_id
 from speedlayer.observability.metrics import GATEWAY_QUERIES, GATEWAY_QUERY_SECONDS, GATEWAY_RETRIES
-from speedlayer.query.client import DEADLINE_SLACK_S, call_options, location
-from speedlayer.query.protocol import (
-    AUTH_HEADER, CLIENT_HEADER, HEADERS_MIDDLEWARE, TENANT_HEADER, HeadersMiddlewareFactory, QueryLimits,
-    QueryRequest, call_headers, from_flight, to_flight,
+from speedlayer.protocol.query import (
+    AUTH_HEADER, CLIENT_HEADER, DEADLINE_SLACK_S, HEADERS_MIDDLEWARE, TENANT_HEADER, HeadersMiddlewareFactory,
+    QueryLimits, QueryRequest, call_headers, call_options, from_flight, location, to_flight,
 )
 
 logger = logging.getLogger(__name__)
@@ -110,7 +109,7 @@ class GatewayFlightServer(flight.FlightServerBase):
         raise ReplicaUnavailableError(f"no replica of dataset {route.dataset!r} epoch {route.epoch} answered: "
                                       f"{'; '.join(failures)}")
 
-    def _ask(self, replica: Replica, tenant: str, request: QueryRequest,
+    def _ask(self, replica: ReplicaEndpoint, tenant: str, request: QueryRequest,
              remaining_s: float) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Start the query on one replica and read up to the retry buffer of its answer."""
         options = call_options(tenant, timeout_s=remaining_s + DEADLINE_SLACK_S)

@@ -1,1 +1,2 @@
-"""The master's business logic (seed §11 `internal/master`): admission, quotas, placement, leadership."""
+"""A master (seed §11 `internal/master` and `internal/transport/grpc`): admission, quotas, placement,
+leadership, and the gRPC services and worker streams they are reached through."""

@@ -22,12 +22,10 @@ from typing import Callable
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.api.v1 import management_service_pb2 as mg
-from speedlayer.catalog import Connector, PartitionFilter, ResolvedTable, source_kind
 from speedlayer.errors import (
     InvalidRequestError, NotFoundError, TenantIsolationError, UnsupportedSourceError,
 )
 from speedlayer.keys import valid_id
-from speedlayer.catalog.delta_changes import TableChange, incremental_source
 from speedlayer.master.quotas import check_quotas, footprint
 from speedlayer.master.replication import shortfall, with_replication
 from speedlayer.master.state import ClusterState, ConfigView
@@ -35,8 +33,10 @@ from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSumm
 from speedlayer.observability.audit import AuditEvent, AuditLogger
 from speedlayer.observability.metrics import ADMISSIONS, ASSIGNMENT_DURATION
 from speedlayer.records import (
-    ASSIGNED, EVICTED, FAILED, PENDING, PLANNED, AssignmentRecord, DatasetSpec, Replica,
+    ASSIGNED, EVICTED, FAILED, PENDING, PLANNED, AssignmentRecord, DatasetSpec, ReplicaRecord,
 )
+from speedlayer.sources import PartitionFilter, ResolvedTable, TableSource, source_kind
+from speedlayer.sources.delta_changes import TableChange, incremental_source
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +89,11 @@ def validate(request: mg.AdmitDatasetRequest) -> None:
 class AdmissionController:
     """`admit(request)` -> AdmitDatasetResponse; raises SpeedLayerError subclasses."""
 
-    def __init__(self, state: ClusterState, config: ConfigView, connectors: dict[str, Connector],
+    def __init__(self, state: ClusterState, config: ConfigView, table_sources: dict[str, TableSource],
                  strategy: Callable[[], AssignmentStrategy], candidates: Callable[[str], list[Candidate]],
                  audit: AuditLogger, master_id: str, placed: Callable[[], None],
                  followed: Callable[[str, str], None] = lambda tenant, dataset: None) -> None:
-        self._state, self._config, self._connectors = state, config, connectors
+        self._state, self._config, self._table_sources = state, config, table_sources
         self._strategy, self._candidates = strategy, candidates
         self._audit, self._master_id, self._placed = audit, master_id, placed
         self._followed = followed
@@ -120,11 +120,11 @@ class AdmissionController:
             if record is not None and record.status != PENDING:
                 return self._continue(record, None)
         kind = source_kind(request.source)
-        connector = self._connectors.get(kind)
-        if connector is None:
-            raise UnsupportedSourceError(f"no {kind} connector is configured on this master")
+        table_source = self._table_sources.get(kind)
+        if table_source is None:
+            raise UnsupportedSourceError(f"no {kind} source is configured on this master")
         self._check_roots(tenant, request.source)
-        resolved = connector.resolve(request.source, wanted)
+        resolved = table_source.resolve(request.source, wanted)
         epoch = epoch_id(tenant, dataset, resolved, wanted)
         request_id = request.request_id or _digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:20]
         existing = self._state.record(tenant, dataset, epoch)
@@ -203,7 +203,7 @@ class AdmissionController:
         roots = self._config.tenant(tenant).source_roots
         if not roots or source_kind(source) != "delta_table":
             return
-        from speedlayer.catalog.delta import normalize_table_uri
+        from speedlayer.sources.delta import normalize_table_uri
 
         uri = normalize_table_uri(source.delta_table.table_uri)
         if not any(uri == r.rstrip("/") or uri.startswith(r.rstrip("/") + "/") for r in roots):
@@ -279,7 +279,8 @@ class AdmissionController:
         def assign(current: AssignmentRecord) -> AssignmentRecord | None:
             if current.status != PLANNED:
                 return None
-            placed = replace(current, status=ASSIGNED, replicas={w: Replica() for w in chosen}) if chosen else current
+            placed = (replace(current, status=ASSIGNED, replicas={w: ReplicaRecord() for w in chosen})
+                      if chosen else current)
             return replace(placed, message=shortfall(placed, len(candidates)))
 
         updated = self._state.update_record(record.tenant, record.dataset, record.epoch, assign)

@@ -23,12 +23,12 @@ from speedlayer.master.placement import EpochPlacement, next_placement
 from speedlayer.master.quotas import footprint
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
+from speedlayer.master.worker_streams import StreamRegistry, WorkerSession
 from speedlayer.observability.audit import AuditEvent, AuditLogger
 from speedlayer.observability.metrics import EVICTIONS, WORKERS_REGISTERED
 from speedlayer.records import (
-    ASSIGNED, EVICTED, FAILED, PLANNED, R_FAILED, R_READY, AssignmentRecord, Replica, WorkerRecord,
+    ASSIGNED, EVICTED, FAILED, PLANNED, R_FAILED, R_READY, AssignmentRecord, ReplicaRecord, WorkerRecord,
 )
-from speedlayer.transport.streams import StreamRegistry, WorkerSession
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class Reconciler:
         def change(current: AssignmentRecord) -> AssignmentRecord | None:
             if current.staying() != record.staying():
                 return None  # changed since the snapshot; the next pass looks again
-            replicas = {w: replace(current.replicas.get(w, Replica()), leaving=False) for w in workers}
+            replicas = {w: replace(current.replicas.get(w, ReplicaRecord()), leaving=False) for w in workers}
             for worker, replica in current.replicas.items():
                 if worker in replicas:
                     continue

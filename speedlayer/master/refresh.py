@@ -10,7 +10,7 @@ announcement is only a hint: what an epoch holds always comes from the table's o
 At most one epoch per dataset is in flight: while the newest is still loading, newer
 versions wait and are then planned together (one epoch for the latest version), so a fast
 writer never queues a backlog of loads. The next epoch is incremental on the served one when
-the versions in between only added files (`catalog.delta_changes`), else a full rebuild loaded
+the versions in between only added files (`sources.delta_changes`), else a full rebuild loaded
 beside the served epoch, which stays served until the rebuild is READY.
 """
 
@@ -24,8 +24,6 @@ from typing import Callable
 from danube_core.errors import DanubeError
 from danube_core.metadata import WatchEvent, WatchHandle
 
-from speedlayer.catalog.delta import DeltaConnector
-from speedlayer.catalog.delta_changes import TableChange, classify
 from speedlayer.errors import PreconditionError, SpeedLayerError
 from speedlayer.master.admission import AdmissionController
 from speedlayer.master.lifecycle import by_dataset, served_epoch
@@ -33,6 +31,8 @@ from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.observability.audit import AuditEvent, AuditLogger
 from speedlayer.observability.metrics import REFRESH_LAG, REFRESHES
 from speedlayer.records import ASSIGNED, EVICTED, AssignmentRecord, DatasetSpec
+from speedlayer.sources.delta import DeltaTableSource
+from speedlayer.sources.delta_changes import TableChange, classify
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +40,10 @@ DatasetKey = tuple[str, str]
 
 
 class Refresher:
-    def __init__(self, state: ClusterState, config: ConfigView, connector: DeltaConnector,
+    def __init__(self, state: ClusterState, config: ConfigView, delta: DeltaTableSource,
                  admission: AdmissionController, audit: AuditLogger, master_id: str,
                  make_room: Callable[[str, int], None]) -> None:
-        self._state, self._config, self._connector = state, config, connector
+        self._state, self._config, self._delta = state, config, delta
         self._admission, self._audit, self._master_id = admission, audit, master_id
         self._make_room = make_room  # evict LRU epochs of a tenant to fit this many more bytes
         self._lock = threading.Lock()
@@ -134,11 +134,11 @@ class Refresher:
             return True
         known = max((r.version for r in records if r.status != EVICTED), default=-1)
         known = max(known, self._refused.get(key, -1))
-        latest = self._connector.latest_version(spec.source_uri)
+        latest = self._delta.latest_version(spec.source_uri)
         if latest <= known:
             return False
         wanted = [dict(p) for p in spec.partitions]
-        resolved = self._refuse_on_error(key, latest, lambda: self._connector.resolve_uri(spec.source_uri, latest, wanted))
+        resolved = self._refuse_on_error(key, latest, lambda: self._delta.resolve_uri(spec.source_uri, latest, wanted))
         if resolved is None:
             return False
         base = served_epoch(live)
@@ -146,7 +146,7 @@ class Refresher:
         change = classify(plan, resolved) if plan is not None else TableChange("rebuild", "no epoch is served")
         after = plan.source.delta.version if plan is not None else -1
         detail = {"trigger": trigger, "reason": change.reason, "added_files": len(change.added),
-                  "operations": self._connector.operations(spec.source_uri, after, latest)}
+                  "operations": self._delta.operations(spec.source_uri, after, latest)}
         record = self._plan(key, spec, resolved, base, change, detail)
         if record is not None:
             self._planned(record, change, resolved.source.delta.commit_timestamp_ms)

@@ -1,4 +1,5 @@
-"""A master process: membership, election, the gRPC services, and the leader's runtime.
+"""A master: membership, election, the gRPC services, and the leader's runtime (its process
+wiring is `master.process`).
 
 Every master registers `/masters/{id}` (leased) and campaigns for `/election/master`. The
 leader builds a `LeaderRuntime` (cluster state loaded from etcd, worker directory, admission,
@@ -20,40 +21,29 @@ import grpc
 from danube_core.election import LeaseElection
 from danube_core.errors import DanubeError
 from danube_core.metadata import Lease
-from danube_core.metadata_etcd import EtcdMetadataStore
 
 from speedlayer.api.v1 import control_plane_service_pb2_grpc as cp_grpc
 from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc
-from speedlayer.catalog import Connector
-from speedlayer.catalog.delta import DeltaConnector
 from speedlayer.config import MasterConfig
 from speedlayer.errors import NotLeaderError
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.master.admission import AdmissionController
+from speedlayer.master.control_plane import ControlPlaneServicer
+from speedlayer.master.management import ManagementServicer
 from speedlayer.master.reconciler import Reconciler, candidates_of
 from speedlayer.master.refresh import Refresher
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, strategy_named
+from speedlayer.master.worker_streams import StreamRegistry
 from speedlayer.master.workers import WorkerDirectory
 from speedlayer.observability.audit import AuditEvent, AuditLogger, JsonlAuditLogger
 from speedlayer.observability.metrics import LEADER_STATUS, TimedMetadataStore, serve_metrics
-from speedlayer.transport.control_plane import ControlPlaneServicer
-from speedlayer.transport.management import ManagementServicer
-from speedlayer.transport.streams import StreamRegistry
+from speedlayer.protocol.master_rpc import MASTER_SERVER_OPTIONS, MAX_RECONNECT_BACKOFF_S
+from speedlayer.sources import TableSource
+from speedlayer.sources.delta import DeltaTableSource
 
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # plans of many thousand files
-SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # Keepalive pings every 15 s (seed §9.2) detect half-open worker connections.
-    ("grpc.keepalive_time_ms", 15_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 
 
 class LeaderRuntime:
@@ -62,19 +52,18 @@ class LeaderRuntime:
     def __init__(self, server: "MasterServer") -> None:
         self.registry = StreamRegistry()
         self.state = ClusterState(server.metadata, server.keys, self._changed)
-        from speedlayer.worker.agent import MAX_BACKOFF_S
-
-        grace = 3 * server.config.heartbeat_interval_seconds + server.config.election_ttl_seconds + MAX_BACKOFF_S
+        grace = (3 * server.config.heartbeat_interval_seconds + server.config.election_ttl_seconds
+                 + MAX_RECONNECT_BACKOFF_S)
         self.reconciler = Reconciler(self.state, self.registry, server.config_view, server.strategy,
                                      server.audit, server.config.master_id, takeover_grace_s=grace)
         self.directory = WorkerDirectory(self.state, self.registry, server.config.master_id,
                                          server.config.heartbeat_interval_seconds, self._changed)
         self.admission = AdmissionController(
-            self.state, server.config_view, server.connectors, server.strategy,
+            self.state, server.config_view, server.table_sources, server.strategy,
             self._candidates,
             server.audit, server.config.master_id, self._changed,
             followed=lambda tenant, dataset: self.refresher.look_at(tenant, dataset, "admitted"))
-        self.refresher = Refresher(self.state, server.config_view, server.connectors["delta_table"],
+        self.refresher = Refresher(self.state, server.config_view, server.table_sources["delta_table"],
                                    self.admission, server.audit, server.config.master_id,
                                    make_room=self.reconciler.make_room)
 
@@ -106,14 +95,14 @@ class MasterServer:
         self.config = config
         self.keys = SpeedLayerKeys(config.key_root)
         self.audit = audit or JsonlAuditLogger(config.audit_log or f"speedlayer-audit-{config.master_id}.jsonl")
-        self._store = EtcdMetadataStore(config.etcd_endpoints)
+        self._store = config.etcd.connect()  # TLS, user and password from the `etcd:` section
         self.metadata = TimedMetadataStore(self._store)
         self.config_view = ConfigView(self.metadata, self.keys, self._config_changed)
-        self.connectors: dict[str, Connector] = {"delta_table": DeltaConnector(config.delta_storage_options)}
+        self.table_sources: dict[str, TableSource] = {"delta_table": DeltaTableSource(config.delta_storage_options)}
         if config.iceberg_catalogs:
-            from speedlayer.catalog.iceberg import IcebergConnector
+            from speedlayer.sources.iceberg import IcebergTableSource
 
-            self.connectors["iceberg_table"] = IcebergConnector(config.iceberg_catalogs)
+            self.table_sources["iceberg_table"] = IcebergTableSource(config.iceberg_catalogs)
         self._strategy_name = ""
         self._strategy: AssignmentStrategy | None = None
         self._lock = threading.Lock()
@@ -121,7 +110,7 @@ class MasterServer:
         self._member_lease: Lease | None = None
         self._stopped = threading.Event()
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="grpc"),
-                                 options=SERVER_OPTIONS)
+                                 options=MASTER_SERVER_OPTIONS)
         cp_grpc.add_ControlPlaneServiceServicer_to_server(ControlPlaneServicer(self._stream_leader), self._grpc)
         mg_grpc.add_ManagementServiceServicer_to_server(
             ManagementServicer(self.metadata, self.keys, lambda: self.leader().admission), self._grpc)

@@ -20,8 +20,8 @@ from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.errors import InvalidRequestError, TenantIsolationError
 from speedlayer.keys import valid_id
 from speedlayer.master.state import ClusterState
-from speedlayer.records import R_ASSIGNED, R_FAILED, R_LOADING, R_READY, AssignmentRecord, Replica, WorkerRecord
-from speedlayer.transport.streams import StreamRegistry, WorkerSession
+from speedlayer.master.worker_streams import StreamRegistry, WorkerSession
+from speedlayer.records import R_ASSIGNED, R_FAILED, R_LOADING, R_READY, AssignmentRecord, ReplicaRecord, WorkerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +79,10 @@ class WorkerDirectory:
             if epoch.status != Status.COMPLETED:
                 continue  # a half-done load: the next sync sends the plan again
             session.held[ref] = R_READY
-            ready = Replica(state=R_READY, rows=epoch.rows, bytes=epoch.bytes)
+            ready = ReplicaRecord(state=R_READY, rows=epoch.rows, bytes=epoch.bytes)
 
             def adopt(current: AssignmentRecord, worker: str = session.worker_id, epoch: cp.HeldEpoch = epoch,
-                      ready: Replica = ready) -> AssignmentRecord | None:
+                      ready: ReplicaRecord = ready) -> AssignmentRecord | None:
                 if worker in current.replicas:
                     if current.replicas[worker].state == R_READY:
                         return None

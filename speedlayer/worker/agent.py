@@ -15,15 +15,15 @@ import queue
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import grpc
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.api.v1 import control_plane_service_pb2_grpc as cp_grpc
-from speedlayer.client import CHANNEL_OPTIONS
+from speedlayer.config import WorkerConfig
 from speedlayer.observability.metrics import EPOCHS_HELD, LOAD_SECONDS, LOADED_ROWS
-from speedlayer.transport.leader_gate import leader_hint
+from speedlayer.protocol.master_rpc import MAX_RECONNECT_BACKOFF_S, WORKER_CHANNEL_OPTIONS, leader_hint
 from speedlayer.worker.epochs import HeldTables
 from speedlayer.worker.loader import EpochLoader, LoadResult, quote
 from speedlayer.worker.serving import ServedDatasets
@@ -31,22 +31,6 @@ from speedlayer.worker.serving import ServedDatasets
 logger = logging.getLogger(__name__)
 
 Status = cp.DataPullStatusUpdateEvent
-MAX_BACKOFF_S = 2.0  # reconnect backoff cap; the master's takeover grace allows for it
-CLIENT_OPTIONS = CHANNEL_OPTIONS + [("grpc.keepalive_time_ms", 15_000), ("grpc.keepalive_timeout_ms", 5_000),
-                                    ("grpc.keepalive_permit_without_calls", 1)]
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    tenant: str
-    worker_id: str
-    masters: list[str]
-    address: str = ""
-    memory_bytes: int = 2 * 1024**3
-    cpu_cores: int = 2
-    threads: int = 2
-    storage_options: dict[str, dict] = field(default_factory=dict)
-    max_backoff_s: float = MAX_BACKOFF_S
 
 
 @dataclass
@@ -61,12 +45,18 @@ class HeldEpoch:
 
 
 class WorkerAgent:
-    def __init__(self, config: WorkerConfig) -> None:
+    """One worker's control agent. `config.address` is what it registers for the gateway (the
+    process passes the address its Flight service bound). `loader` and `served` are shared
+    with that service (its queries read the DuckDB the loader fills, the epochs `served`
+    publishes); by default the agent makes its own, from `config`."""
+
+    def __init__(self, config: WorkerConfig, *, loader: EpochLoader | None = None,
+                 served: ServedDatasets | None = None) -> None:
         self.config = config
-        self.loader = EpochLoader(memory_limit_bytes=config.memory_bytes, threads=config.threads,
-                                  storage_options=config.storage_options)
+        self.loader = loader if loader is not None else EpochLoader(
+            memory_limit_bytes=config.memory_bytes, threads=config.threads, storage_options=config.storage_options)
         # What queries see: an epoch is published here only once COMPLETED (READY).
-        self.served = ServedDatasets(drop_table=self.loader.drop)
+        self.served = served if served is not None else ServedDatasets(drop_table=self.loader.drop)
         self.held: dict[tuple[str, str], HeldEpoch] = {}
         self.tables = HeldTables(self.loader.cursor)
         self._lock = threading.Lock()
@@ -103,7 +93,7 @@ class WorkerAgent:
                 backoff = 0.1
             if self._stop.wait(backoff * random.uniform(0.5, 1.0)):
                 break
-            backoff = min(backoff * 2, self.config.max_backoff_s)
+            backoff = min(backoff * 2, MAX_RECONNECT_BACKOFF_S)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _message(self, **payload: object) -> cp.EventStreamMessage:
@@ -129,7 +119,7 @@ class WorkerAgent:
                 yield item
 
         registered = False
-        with grpc.insecure_channel(target, options=CLIENT_OPTIONS) as channel:
+        with grpc.insecure_channel(target, options=WORKER_CHANNEL_OPTIONS) as channel:
             responses = cp_grpc.ControlPlaneServiceStub(channel).EventStream(requests())
             try:
                 for message in responses:

@@ -1,6 +1,6 @@
 """The worker's query surface (seed: "Query Surface"): SQL over the epochs it serves, over Flight.
 
-One `DoGet` per query (`speedlayer.query.protocol`). The query pins one published epoch
+One `DoGet` per query (`speedlayer.protocol.query`). The query pins one published epoch
 (`ServedDatasets.pin`) and runs on its own DuckDB cursor, on which a TEMP VIEW named after
 the dataset is bound to that epoch's table: the SQL says `FROM orders` and reads exactly one
 complete epoch, whatever the freshness work publishes meanwhile. Only a single SELECT (or
@@ -28,7 +28,7 @@ from speedlayer.errors import (
     InvalidQueryError, QueryCancelledError, QueryTimeoutError, ResultTooLargeError, SpeedLayerError,
     TenantIsolationError, UnauthenticatedError,
 )
-from speedlayer.query.protocol import (
+from speedlayer.protocol.query import (
     HEADERS_MIDDLEWARE, TENANT_HEADER, HeadersMiddlewareFactory, QueryLimits, QueryRequest, batch_bytes,
     call_headers, to_flight,
 )

@@ -15,8 +15,8 @@ import threading
 import pytest
 
 from pipelines.speedlayer_feed import SpeedLayerFeed
-from speedlayer.client import delta_request
-from speedlayer.query.client import QueryClient
+from speedlayer.clients import delta_request
+from speedlayer.clients.query_client import QueryClient
 from speedlayer.records import Announcement, AssignmentRecord, GlobalConfig
 from tests.rig import eventually
 from tests.speedlayer.cluster import SpeedLayerCluster

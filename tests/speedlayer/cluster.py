@@ -17,7 +17,7 @@ from pathlib import Path
 from devstack.embedded_etcd import etcd_binary
 from devstack.ports import free_port, wait_for_port
 from danube_core.metadata_etcd import EtcdMetadataStore
-from speedlayer.client import ManagementClient
+from speedlayer.clients import ManagementClient
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.records import GlobalConfig, TenantConfig
 
@@ -126,7 +126,8 @@ class SpeedLayerCluster:
         """A worker agent in this process (its DuckDB can be queried directly); stopped with the cluster."""
         import threading
 
-        from speedlayer.worker.agent import WorkerAgent, WorkerConfig
+        from speedlayer.config import WorkerConfig
+        from speedlayer.worker.agent import WorkerAgent
 
         agent = WorkerAgent(WorkerConfig(tenant=tenant, worker_id=worker_id, masters=self.master_addresses,
                                          memory_bytes=memory_mb * 1024 * 1024, threads=1))

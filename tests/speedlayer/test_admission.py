@@ -11,8 +11,7 @@ import pytest
 
 from danube_core.metadata_memory import MemoryMetadataStore
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
-from speedlayer.catalog import Connector, ResolvedTable
-from speedlayer.client import delta_request
+from speedlayer.clients import delta_request
 from speedlayer.errors import InvalidRequestError, PreconditionError, UnsupportedSourceError
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.master.admission import AdmissionController
@@ -20,12 +19,13 @@ from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import Candidate, RendezvousStrategy
 from speedlayer.observability.audit import MemoryAuditLogger
 from speedlayer.records import PLANNED, TenantConfig
+from speedlayer.sources import ResolvedTable, TableSource
 from tests.rig import eventually
 
 pytestmark = pytest.mark.unit
 
 
-class FakeDelta(Connector):
+class FakeDelta(TableSource):
     def __init__(self) -> None:
         self.version = 3
 

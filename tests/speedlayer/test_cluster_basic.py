@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from speedlayer.client import delta_request
+from speedlayer.clients import delta_request
 from tests.rig import eventually
 from tests.speedlayer.cluster import ready_workers
 

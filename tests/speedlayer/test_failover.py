@@ -12,7 +12,7 @@ import signal
 import grpc
 import pytest
 
-from speedlayer.client import delta_request
+from speedlayer.clients import delta_request
 from speedlayer.master.admission import PAUSE_ENV
 from speedlayer.records import AssignmentRecord
 from tests.rig import eventually

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from speedlayer.__main__ import main
+from speedlayer.clients.query_client import QueryClient
 from speedlayer.errors import ReplicaUnavailableError
-from speedlayer.query.client import QueryClient
 from speedlayer.records import TenantConfig
 from tests.rig import eventually
 from tests.speedlayer.cluster import ready_workers

@@ -21,15 +21,15 @@ import pytest
 from devstack.ports import free_port
 from danube_core.metadata_memory import MemoryMetadataStore
 from speedlayer.__main__ import main
+from speedlayer.clients.query_client import QueryClient
 from speedlayer.errors import (
     GatewayUnreachableError, NotFoundError, ReplicaUnavailableError, TenantIsolationError, UnknownTenantError,
 )
 from speedlayer.gateway.routing import RoutingTable
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.master.replication import shortfall, with_replication
-from speedlayer.query.client import QueryClient
 from speedlayer.records import (
-    ASSIGNED, PLANNED, R_LOADING, R_READY, AssignmentRecord, Replica, TenantConfig, WorkerRecord,
+    ASSIGNED, PLANNED, R_LOADING, R_READY, AssignmentRecord, ReplicaRecord, TenantConfig, WorkerRecord,
 )
 from tests.speedlayer.cluster import REPO_ROOT
 
@@ -170,7 +170,7 @@ def test_query_against_a_port_that_is_not_a_gateway(capsys, bare_grpc_port):
 def test_unknown_tenant_is_named_unknown_and_another_tenants_dataset_stays_isolated():
     store, keys = MemoryMetadataStore(), SpeedLayerKeys()
     ready = AssignmentRecord(tenant="acme", dataset="orders", epoch="v1-a", request_id="r", status=ASSIGNED,
-                             version=1, replicas={"w1": Replica(state=R_READY)})
+                             version=1, replicas={"w1": ReplicaRecord(state=R_READY)})
     store.put(keys.assignment("acme", "orders", "v1-a"), ready.to_json())
     store.put(keys.worker("acme", "w1"), WorkerRecord("h:1", 1, 1, "m1").to_json())
     store.put(keys.tenant_config("other"), TenantConfig().to_json())                   # configured only
@@ -202,7 +202,7 @@ def test_unknown_tenant_is_named_unknown_and_another_tenants_dataset_stays_isola
 def _epoch(replicas: dict[str, str], replication: int = 2, status: str = ASSIGNED) -> AssignmentRecord:
     return AssignmentRecord(tenant="acme", dataset="orders", epoch="v1-a", request_id="r", status=status,
                             replication=replication, estimated_memory_bytes=1000,
-                            replicas={w: Replica(state=s) for w, s in replicas.items()})
+                            replicas={w: ReplicaRecord(state=s) for w, s in replicas.items()})
 
 
 def test_an_epoch_short_of_replicas_says_what_is_missing_and_how_to_set_replication():

@@ -12,7 +12,7 @@ import threading
 import pyarrow as pa
 import pytest
 
-from speedlayer.client import delta_request
+from speedlayer.clients import delta_request
 from speedlayer.errors import NotFoundError
 from speedlayer.records import EVICTED, AssignmentRecord, GlobalConfig, TenantConfig
 from speedlayer.worker.loader import quote

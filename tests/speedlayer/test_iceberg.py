@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from speedlayer.api.v1 import management_service_pb2 as mg
-from speedlayer.catalog.iceberg import IcebergConnector
+from speedlayer.sources.iceberg import IcebergTableSource
 from tests.rig import eventually
 from tests.speedlayer.cluster import ready_workers
 
@@ -35,7 +35,7 @@ def request(replication: int = 0) -> mg.AdmitDatasetRequest:
 
 
 def test_connector_resolves_current_snapshot(catalog):
-    resolved = IcebergConnector({"lake": catalog}).resolve(request().source, [])
+    resolved = IcebergTableSource({"lake": catalog}).resolve(request().source, [])
     assert (resolved.total_rows, resolved.file_count) == (1000, 2)
     assert all(not f.uri.startswith("file://") for f in resolved.source.iceberg.files)
     assert pa.ipc.read_schema(pa.py_buffer(resolved.arrow_schema)).names == ["id", "region"]

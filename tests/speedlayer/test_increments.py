@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
-from speedlayer.catalog.delta import DeltaConnector
-from speedlayer.catalog.delta_changes import INCREMENTAL, REBUILD, classify, incremental_source
+from speedlayer.sources.delta import DeltaTableSource
+from speedlayer.sources.delta_changes import INCREMENTAL, REBUILD, classify, incremental_source
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +33,7 @@ def held_plan(resolved) -> cp.LoadPlan:
 def table(tmp_path):
     path = str(tmp_path / "t")
     write(path, 0, 10)
-    return path, DeltaConnector()
+    return path, DeltaTableSource()
 
 
 def test_appends_since_the_held_version_are_an_increment_of_exactly_the_added_files(table):

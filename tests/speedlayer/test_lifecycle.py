@@ -7,7 +7,7 @@ import pytest
 
 from speedlayer.master.lifecycle import LRU, TTL, evictions, served_epoch, superseded
 from speedlayer.master.quotas import tenant_usage
-from speedlayer.records import EVICTED, R_LOADING, R_READY, AssignmentRecord, Replica
+from speedlayer.records import EVICTED, R_LOADING, R_READY, AssignmentRecord, ReplicaRecord
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +17,7 @@ def epoch(version: int, *, ready_ms: int = 0, state: str = R_READY, base: str = 
     return AssignmentRecord(tenant="acme", dataset=dataset, epoch=f"v{version}", request_id="r", status=status,
                             version=version, estimated_memory_bytes=size, replication=1, created_ms=version,
                             ready_ms=ready_ms, base_epoch=base, kind="incremental" if base else "full",
-                            replicas={"w1": Replica(state=state)})
+                            replicas={"w1": ReplicaRecord(state=state)})
 
 
 def ttl(seconds: float):

@@ -11,18 +11,18 @@ import pyarrow as pa
 import pytest
 
 from devstack.ports import free_port
-from speedlayer.client import delta_request
+from speedlayer.clients import delta_request
 from speedlayer.master.load_failures import failed_everywhere, replication_target, retire_failed_replicas
 from speedlayer.master.placement import EpochPlacement, next_placement
 from speedlayer.master.strategies import Candidate, PlanSummary, strategy_named
 from speedlayer.records import (
-    ASSIGNED, FAILED, R_FAILED, R_READY, AssignmentRecord, GlobalConfig, Replica, TenantConfig,
+    ASSIGNED, FAILED, R_FAILED, R_READY, AssignmentRecord, GlobalConfig, ReplicaRecord, TenantConfig,
 )
 from tests.rig import eventually
 from tests.speedlayer.cluster import ready_workers
 
 
-def _record(**replicas: Replica) -> AssignmentRecord:
+def _record(**replicas: ReplicaRecord) -> AssignmentRecord:
     return AssignmentRecord(tenant="t", dataset="d", epoch="v1-x", request_id="r", status=ASSIGNED,
                             replication=2, replicas=dict(replicas))
 
@@ -30,7 +30,7 @@ def _record(**replicas: Replica) -> AssignmentRecord:
 # ---- the record arithmetic ---------------------------------------------------------------------
 
 def test_failed_replica_moves_to_load_failures_with_its_reason():
-    record = _record(w1=Replica(state=R_READY, rows=5), w2=Replica(state=R_FAILED, error="OSError: " + "x" * 900))
+    record = _record(w1=ReplicaRecord(state=R_READY, rows=5), w2=ReplicaRecord(state=R_FAILED, error="OSError: " + "x" * 900))
     retired = retire_failed_replicas(record)
     assert list(retired.replicas) == ["w1"]
     assert retired.load_failures["w2"].startswith("OSError: ") and len(retired.load_failures["w2"]) == 500
@@ -38,7 +38,7 @@ def test_failed_replica_moves_to_load_failures_with_its_reason():
 
 
 def test_failure_budget_stops_new_attempts_but_not_replacing_a_lost_worker():
-    record = _record(w1=Replica(state=R_READY))
+    record = _record(w1=ReplicaRecord(state=R_READY))
     spent = AssignmentRecord(**{**record.__dict__, "load_failures": {"w2": "e", "w3": "e"}})
     assert replication_target(record, 2) == 2
     assert replication_target(spent, 2) == 1  # w1 only: no third worker is tried
@@ -48,7 +48,7 @@ def test_failure_budget_stops_new_attempts_but_not_replacing_a_lost_worker():
 def test_epoch_fails_only_without_any_replica_left():
     failed_once = AssignmentRecord(**{**_record().__dict__, "load_failures": {"w2": "boom"}})
     assert failed_everywhere(_record(), 3) is None  # never failed: just waiting for workers
-    assert failed_everywhere(AssignmentRecord(**{**failed_once.__dict__, "replicas": {"w1": Replica()}}), 3) is None
+    assert failed_everywhere(AssignmentRecord(**{**failed_once.__dict__, "replicas": {"w1": ReplicaRecord()}}), 3) is None
     failed = failed_everywhere(failed_once, 3)
     assert failed.status == FAILED and "w2: boom" in failed.message and "no other eligible worker" in failed.message
     assert "max_load_failures=1 reached" in failed_everywhere(failed_once, 1).message

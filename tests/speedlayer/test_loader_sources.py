@@ -11,7 +11,7 @@ import pytest
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.api.v1 import management_service_pb2 as mg
-from speedlayer.catalog.delta import DeltaConnector
+from speedlayer.sources.delta import DeltaTableSource
 from speedlayer.worker.loader import EpochLoader
 
 
@@ -42,7 +42,7 @@ def test_spark_written_delta_table_loads_with_typed_partitions(spark, tmp_path):
         # the options pipelines.delta_sink writes every micro-batch with
         (part.write.format("delta").mode("append").option("txnAppId", "orders").option("txnVersion", str(batch_id))
          .option("mergeSchema", "false").partitionBy("day", "region").save(path))
-    resolved = DeltaConnector().resolve(source(path), [])
+    resolved = DeltaTableSource().resolve(source(path), [])
     assert resolved.partition_columns == ["day", "region"] and resolved.version == 1
     con = load(resolved, "spark_orders").cursor()
     ours = con.execute("SELECT count(*), sum(id), sum(price), count(region), min(day), max(created_at) FROM spark_orders").fetchone()
@@ -66,7 +66,7 @@ def test_delta_table_on_s3_loads_through_fsspec(moto_process, unique_name):
                      "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
     rows = pa.table({"id": pa.array(range(900), pa.int64()), "day": [f"d{i % 3}" for i in range(900)]})
     write_deltalake(uri, rows, partition_by=["day"], storage_options=delta_options)
-    resolved = DeltaConnector(delta_options).resolve(source(uri), [{"day": "d1"}])
+    resolved = DeltaTableSource(delta_options).resolve(source(uri), [{"day": "d1"}])
     assert resolved.file_count == 1 and all(f.uri.startswith("s3://") for f in resolved.source.delta.files)
     con = load(resolved, "s3_orders", {"s3": moto_s3.storage_options}).cursor()
     assert con.execute("SELECT count(*), sum(id), min(day), max(day) FROM s3_orders").fetchone() == (

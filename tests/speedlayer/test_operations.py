@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from devstack.ports import free_port
-from speedlayer.client import delta_request
+from speedlayer.clients import delta_request
 from speedlayer.observability.audit import read_audit_log
 from tests.rig import eventually
 from tests.speedlayer.cluster import REPO_ROOT, ready_workers

@@ -17,7 +17,7 @@ from danube_core.schema_registry import register_schema
 from pipelines.config import load_config
 from devstack.demo import ORDER_SCHEMA
 from devstack.broker_stack import EmbeddedStack
-from speedlayer.client import delta_request
+from speedlayer.clients import delta_request
 from tests.rig import eventually
 from tests.spark.test_pipeline_broker import pipeline_file, publish, run_to_end
 from tests.speedlayer.cluster import ready_workers

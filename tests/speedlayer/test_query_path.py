@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from speedlayer.client import QueryClient, delta_request, query
+from speedlayer.clients import QueryClient, delta_request, query
 from speedlayer.errors import (
     InvalidQueryError, NotFoundError, QueryTimeoutError, ResultTooLargeError, TenantIsolationError,
     UnauthenticatedError,
@@ -142,9 +142,9 @@ def test_kill9_worker_and_every_master_under_query_load_loses_no_query(cluster_f
     gateway = cluster.start_gateway()
     eventually(lambda: _try(query, gateway, "acme", "orders", "SELECT 1 AS x FROM orders LIMIT 1"), deadline_s=30)
 
-    from speedlayer.gateway.routing import Replica, order_replicas
+    from speedlayer.gateway.routing import ReplicaEndpoint, order_replicas
 
-    preferred = order_replicas([Replica("w1", ""), Replica("w2", "")], "client-0")[0].worker
+    preferred = order_replicas([ReplicaEndpoint("w1", ""), ReplicaEndpoint("w2", "")], "client-0")[0].worker
     with QueryLoad(gateway) as load:
         load.wait_for(50)
         cluster.kill_worker(f"acme/{preferred}")  # the replica client-0's queries go to

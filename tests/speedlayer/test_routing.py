@@ -9,16 +9,16 @@ import pytest
 from danube_core.errors import ConfigError
 from speedlayer.config import load_gateway_config
 from speedlayer.errors import UnauthenticatedError
-from speedlayer.gateway.routing import Replica as Target
+from speedlayer.gateway.routing import ReplicaEndpoint as Target
 from speedlayer.gateway.routing import choose_epoch, order_replicas, servable
-from speedlayer.records import ASSIGNED, FAILED, R_LOADING, R_READY, AssignmentRecord, Replica
+from speedlayer.records import ASSIGNED, FAILED, R_LOADING, R_READY, AssignmentRecord, ReplicaRecord
 
 pytestmark = pytest.mark.unit
 
 
 def record(epoch: str, version: int, replicas: dict[str, str], status: str = ASSIGNED) -> AssignmentRecord:
     return AssignmentRecord(tenant="acme", dataset="orders", epoch=epoch, request_id="r", status=status,
-                            version=version, replicas={w: Replica(state=s) for w, s in replicas.items()})
+                            version=version, replicas={w: ReplicaRecord(state=s) for w, s in replicas.items()})
 
 
 ADDRESSES = {"w1": "h:1", "w2": "h:2", "w3": "h:3"}

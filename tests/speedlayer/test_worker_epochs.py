@@ -8,10 +8,11 @@ import pyarrow as pa
 import pytest
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
-from speedlayer.catalog.delta import DeltaConnector
-from speedlayer.catalog.delta_changes import classify, incremental_source
+from speedlayer.config import WorkerConfig
 from speedlayer.errors import NotFoundError
-from speedlayer.worker.agent import HeldEpoch, WorkerAgent, WorkerConfig
+from speedlayer.sources.delta import DeltaTableSource
+from speedlayer.sources.delta_changes import classify, incremental_source
+from speedlayer.worker.agent import HeldEpoch, WorkerAgent
 from speedlayer.worker.loader import quote
 
 pytestmark = pytest.mark.unit
@@ -46,7 +47,7 @@ def rows(agent: WorkerAgent) -> tuple[str, int]:
 def test_increments_share_their_base_and_drops_free_only_unshared_tables(tmp_path):
     path = str(tmp_path / "t")
     write(path, 0, 100)
-    connector = DeltaConnector()
+    connector = DeltaTableSource()
     agent = WorkerAgent(WorkerConfig(tenant="acme", worker_id="w1", masters=["127.0.0.1:1"], memory_bytes=256 << 20))
     v0 = connector.resolve_uri(path, None, [])
     load(agent, plan_for(v0, "v0"))
@@ -80,7 +81,7 @@ def test_increments_share_their_base_and_drops_free_only_unshared_tables(tmp_pat
 def test_a_retired_epoch_pinned_by_a_query_keeps_its_tables_until_the_query_ends(tmp_path):
     path = str(tmp_path / "t")
     write(path, 0, 5)
-    v0 = DeltaConnector().resolve_uri(path, None, [])
+    v0 = DeltaTableSource().resolve_uri(path, None, [])
     agent = WorkerAgent(WorkerConfig(tenant="acme", worker_id="w1", masters=["127.0.0.1:1"], memory_bytes=256 << 20))
     load(agent, plan_for(v0, "v0"))
     pin = agent.served.pin("orders")
@@ -93,7 +94,7 @@ def test_a_retired_epoch_pinned_by_a_query_keeps_its_tables_until_the_query_ends
 def test_an_older_epoch_arriving_late_does_not_take_the_served_place(tmp_path):
     path = str(tmp_path / "t")
     write(path, 0, 5)
-    connector = DeltaConnector()
+    connector = DeltaTableSource()
     v0 = connector.resolve_uri(path, None, [])
     write(path, 5, 5)
     v1 = connector.resolve_uri(path, None, [])

@@ -9,12 +9,12 @@ import re
 
 import pytest
 
+from speedlayer.clients.query_client import read_query
 from speedlayer.errors import (
     InvalidQueryError, NotFoundError, QueryTimeoutError, ResultTooLargeError, TenantIsolationError,
     UnauthenticatedError,
 )
-from speedlayer.query.client import call_options, read_query
-from speedlayer.query.protocol import QueryLimits, QueryRequest, from_flight
+from speedlayer.protocol.query import QueryLimits, QueryRequest, call_options, from_flight
 from speedlayer.worker.flight_server import WorkerFlightServer
 from speedlayer.worker.loader import EpochLoader
 from speedlayer.worker.serving import ServedDatasets

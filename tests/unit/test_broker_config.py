@@ -83,7 +83,7 @@ def test_unreadable_file_is_named(tmp_path):
 def test_etcd_password_from_the_environment_never_shows_in_the_config():
     config = load_config(str(SHIPPED), environ={"DANUBE_META_STORE__USER": "root",
                                                 "DANUBE_META_STORE__PASSWORD": "pw-not-in-repr"})
-    assert (config.meta_store.user, config.meta_store.password) == ("root", "pw-not-in-repr")
+    assert (config.meta_store.etcd.user, config.meta_store.etcd.password) == ("root", "pw-not-in-repr")
     assert "pw-not-in-repr" not in repr(config)
     with pytest.raises(ConfigError) as info:
         parse_config({"meta_store": {"user": "root", "password": 12345}}, "my.yaml")
@@ -99,3 +99,20 @@ def test_uploader_enabled_false_is_ignored_with_a_warning_as_danube_does(caplog)
         caplog.clear()
         parse_config({"wal_cloud": {"uploader": {"enabled": True}}}, "my.yaml")
     assert caplog.text == ""
+
+
+def test_admin_with_config_uses_the_brokers_etcd_credentials(tmp_path, monkeypatch):
+    """`python -m broker.admin --config` reached the broker's etcd with its endpoint only, so a
+    secured etcd (TLS, password) refused it; it now takes `meta_store`'s settings whole."""
+    import argparse
+
+    from broker.admin import _etcd_and_prefix
+
+    path = tmp_path / "broker.yaml"
+    path.write_text("meta_store: {host: etcd.local, port: 2390, user: root, ca_cert: /ca.pem, "
+                    "cert_key: /k.pem, cert_cert: /c.pem}\n")
+    monkeypatch.setenv("DANUBE_META_STORE__PASSWORD", "pw-admin")
+    etcd, _ = _etcd_and_prefix(argparse.Namespace(config=str(path), etcd=None, root_prefix=None))
+    assert (etcd.endpoints, etcd.user, etcd.password, etcd.ca_cert, etcd.cert_cert) == (
+        "etcd.local:2390", "root", "pw-admin", "/ca.pem", "/c.pem")
+    assert etcd.names is not None and etcd.names.password == "meta_store.password"

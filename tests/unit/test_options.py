@@ -180,8 +180,8 @@ def test_bad_namespace_names_option() -> None:
         ({"maxTriggerDelay": "5m"}, "'maxTriggerDelay' needs option 'minMessagesPerTrigger'"),
         ({"startingOffsets": "earliest", "startingTimestamp": "1"}, "exclude each other"),
         ({"endingOffsets": "latest", "endingTimestamp": "1"}, "exclude each other"),
-        ({"etcd.user": "root"}, "'etcd.user' and 'etcd.password' must be given together"),
-        ({"etcd.certKey": "/k.pem"}, "'etcd.certKey' and 'etcd.certCert' must be given together"),
+        ({"etcd.user": "root"}, "option 'etcd.user': expected given together with etcd.password"),
+        ({"etcd.certKey": "/k.pem"}, "option 'etcd.certKey': expected given together with etcd.certCert"),
         ({"maxOffsetsPerTirgger": "5"}, "unknown option 'maxOffsetsPerTirgger'"),
     ],
 )

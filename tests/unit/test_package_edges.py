@@ -7,6 +7,11 @@ there first, in the open, rather than found later as a tangle. Imports are read 
 (nothing is imported), function-level and `TYPE_CHECKING` imports included: both are edges a
 reader of the module has to know about. Only for circles are `TYPE_CHECKING` imports left
 out, since they never run.
+
+Inside the speed layer the same holds between its parts (the "Speed layer parts" table), and
+one rule holds whatever the table says: the roles (`master`, `worker`, `gateway`) and
+`clients` are imported by `speedlayer.__main__` only, the roles only through their `process`
+modules, so they never import one another and what they share imports none of them.
 """
 
 from __future__ import annotations
@@ -165,8 +170,68 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+SPEEDLAYER_ROLES = ("speedlayer.master", "speedlayer.worker", "speedlayer.gateway")
+SPEEDLAYER_ENTRY = "speedlayer.__main__"
+
+
+def speedlayer_parts() -> dict[str, tuple[str, ...]]:
+    """part -> the speed layer parts or modules (dotted) it may import, from `### Speed layer parts`."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    section = text.split("\n### Speed layer parts\n", 1)[1].split("\n| module |", 1)[0]
+    parts = {}
+    for row in (line for line in section.splitlines() if line.startswith("| `speedlayer")):
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        parts[_TICKED.findall(cells[0])[0]] = tuple(_TICKED.findall(cells[2]))
+    return parts
+
+
+def part_of(module: str, parts: dict[str, tuple[str, ...]]) -> str | None:
+    """The part a speed layer module belongs to: the longest part name it is or is under (the
+    package itself, `speedlayer`, holds only its `__init__`)."""
+    owners = [p for p in parts if module == p or (p != "speedlayer" and module.startswith(p + "."))]
+    return max(owners, key=len) if owners else None
+
+
+def speedlayer_part_violations(parts: dict[str, tuple[str, ...]], edges: list[Edge]) -> list[str]:
+    """One line per import between speed layer parts that the importer's row does not name."""
+    found = []
+    for edge in edges:
+        if not (edge.source.startswith("speedlayer") and edge.target.startswith("speedlayer")):
+            continue
+        source, target = part_of(edge.source, parts), part_of(edge.target, parts)
+        if source is None or target is None:
+            found.append(f"{edge.where}: {edge.source if source is None else edge.target} is in no row of "
+                         "docs/architecture.md's speed layer parts")
+        elif source != target and not any(edge.target == name or edge.target.startswith(name + ".")
+                                           for name in parts[source]):
+            found.append(f"{edge.where}: {edge.source} imports {edge.target}; `{source}` may import only "
+                         f"{', '.join(parts[source]) or 'no other part'}")
+    return list(dict.fromkeys(found))
+
+
+def one_way_violations(parts: dict[str, tuple[str, ...]], edges: list[Edge]) -> list[str]:
+    """Imports breaking the speed layer's one direction: a role or a client imported from
+    anywhere but `__main__`, a role other than through its `process` module, or a `process`
+    module imported by anything but `__main__`."""
+    found = []
+    for edge in edges:
+        if not (edge.source.startswith("speedlayer") and edge.target.startswith("speedlayer")):
+            continue
+        source, target = part_of(edge.source, parts), part_of(edge.target, parts)
+        if source == target and not edge.target.endswith(".process"):
+            continue
+        if target in SPEEDLAYER_ROLES and (source != SPEEDLAYER_ENTRY or not edge.target.endswith(".process")):
+            found.append(f"{edge.where}: {edge.source} imports the role module {edge.target} "
+                         f"(only {SPEEDLAYER_ENTRY} imports a role, through its `process` module)")
+        elif target == "speedlayer.clients" and source != SPEEDLAYER_ENTRY:
+            found.append(f"{edge.where}: {edge.source} imports the client module {edge.target} "
+                         f"(only {SPEEDLAYER_ENTRY} imports `speedlayer.clients`)")
+    return found
+
+
 TABLE = may_import_table()
 EDGES = project_edges(sorted(TABLE))
+SPEEDLAYER_PARTS = speedlayer_parts()
 
 
 def test_the_table_names_every_installed_package():
@@ -203,3 +268,31 @@ def test_the_checks_catch_a_forbidden_edge_and_a_circle():
     edge = Edge("connectors.wal_scan", "broker.wal_files", "connectors/wal_scan.py:1", False)
     assert layering_violations({"connectors": ("danube_core",), "broker": ("danube_core",)}, [edge])
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_speed_layer_module_is_in_a_part_and_imports_only_what_its_row_allows():
+    modules = [m for m in project_modules(["speedlayer"]) if not m.startswith("speedlayer.api.v1.")]
+    assert not [m for m in modules if part_of(m, SPEEDLAYER_PARTS) is None], \
+        "speed layer modules in no row of docs/architecture.md's speed layer parts"
+    violations = speedlayer_part_violations(SPEEDLAYER_PARTS, EDGES)
+    assert not violations, "speed layer imports docs/architecture.md does not allow:\n" + "\n".join(violations)
+
+
+def test_speed_layer_roles_and_clients_are_imported_by_the_entry_point_only():
+    violations = one_way_violations(SPEEDLAYER_PARTS, EDGES)
+    assert not violations, "the speed layer's one direction is broken:\n" + "\n".join(violations)
+    for role in (*SPEEDLAYER_ROLES, "speedlayer.clients"):  # nor may the table say otherwise
+        allowed = [p for p, names in SPEEDLAYER_PARTS.items()
+                   if p != role and any(n == role or n.startswith(role + ".") for n in names)]
+        assert allowed in ([], [SPEEDLAYER_ENTRY]), f"docs/architecture.md lets {allowed} import {role}"
+
+
+def test_the_speed_layer_checks_catch_a_role_importing_another():
+    parts = {"speedlayer.__main__": ("speedlayer.master.process",), "speedlayer.master": ("speedlayer.protocol",),
+             "speedlayer.worker": ("speedlayer.protocol",), "speedlayer.protocol": ()}
+    sideways = Edge("speedlayer.master.server", "speedlayer.worker.agent", "speedlayer/master/server.py:1", False)
+    backwards = Edge("speedlayer.protocol.master_rpc", "speedlayer.master.leader_gate", "p.py:1", False)
+    wiring = Edge("speedlayer.master.server", "speedlayer.master.process", "speedlayer/master/server.py:2", False)
+    entry = Edge("speedlayer.__main__", "speedlayer.master.process", "speedlayer/__main__.py:1", False)
+    assert len(speedlayer_part_violations(parts, [sideways, backwards, entry])) == 2
+    assert len(one_way_violations(parts, [sideways, backwards, wiring, entry])) == 3

@@ -74,3 +74,25 @@ def test_writers_announce_through_the_speed_layers_public_call():
     assert set(announce_problems("a/b", "", "sl/")) == {"tenant", "dataset", "key_root"}
     with pytest.raises(ValueError, match="tenant 'a/b'"):
         announce(store, "a/b", "orders", "s3://lake/orders")
+
+
+def test_the_announcers_etcd_defaults_to_the_sources_and_takes_its_own_options():
+    from pipelines.speedlayer_feed import feed_etcd_settings
+
+    reader = {"etcd.endpoints": "src:2379", "etcd.user": "root", "etcd.password": "pw-src", "etcd.caCert": "/ca.pem",
+              "topic": "/default/t"}
+    assert feed_etcd_settings(SpeedLayerFeed("acme", "d"), reader) is None  # the pipeline's own connection
+    inherited = feed_etcd_settings(SpeedLayerFeed("acme", "d", etcd_endpoints="sl:2379"), reader)
+    assert (inherited.endpoints, inherited.user, inherited.password, inherited.ca_cert) == (
+        "sl:2379", "root", "pw-src", "/ca.pem")
+    own = feed_etcd_settings(SpeedLayerFeed("acme", "d", options={"etcd.user": "sl", "etcd.password": "pw-sl"}), reader)
+    assert (own.endpoints, own.user, own.password, own.ca_cert) == ("src:2379", "sl", "pw-sl", None)
+    options = {"etcd.user": "sl", "etcd.password": "${SL_PW}"}
+    config = parse_config(orders(tenant="acme", dataset="orders", options=options), env={"SL_PW": "pw-sl"})
+    assert config.speedlayer.options == {"etcd.user": "sl", "etcd.password": "pw-sl"}
+    assert "pw-sl" not in repr(config.speedlayer)
+    for options, problem in (({"etcd.user": "sl", "etcd.password": "x", "etcd.certKey": "/k"}, "etcd.certCert"),
+                             ({"etcd.endpoints": "x:1"}, "speedlayer.etcd_endpoints"),
+                             ({"topic": "x"}, "not an etcd option")):
+        with pytest.raises(ConfigError, match=r"speedlayer\.options: .*" + problem.replace(".", r"\.")):
+            parse_config(orders(tenant="acme", dataset="orders", options=options), env={})

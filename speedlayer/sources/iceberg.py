@@ -17,15 +17,15 @@ import pyarrow as pa
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.api.v1 import management_service_pb2 as mg
-from speedlayer.catalog import Connector, PartitionFilter, ResolvedTable, check_partition_columns, matches
 from speedlayer.errors import InvalidRequestError, PreconditionError, SourceError
+from speedlayer.sources import PartitionFilter, ResolvedTable, TableSource, check_partition_columns, matches
 
 
 def _local(uri: str) -> str:
     return uri[len("file://"):] if uri.startswith("file://") else uri
 
 
-class IcebergConnector(Connector):
+class IcebergTableSource(TableSource):
     def __init__(self, catalogs: dict[str, dict[str, Any]]) -> None:
         self._properties = {name: {k: str(v) for k, v in props.items()} for name, props in catalogs.items()}
         self._catalogs: dict[str, Any] = {}

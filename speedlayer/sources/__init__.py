@@ -1,8 +1,10 @@
-"""Source connectors (seed §12 `catalog.Connector`): a logical table -> the physical files of one version.
+"""Table sources (the seed's §12 `catalog.Connector`): a logical table -> the physical files of one version.
 
-The admission controller calls `Connector.resolve` and turns the `ResolvedTable` into a LoadPlan;
-it never contains source-specific logic. `connector_for` picks the connector of a request's
-source; the seed's OLAP source is refused with `UnsupportedSourceError` (UNIMPLEMENTED).
+"Catalog" in this project is the connector's topic catalog; the speed layer's readers of Delta
+and Iceberg tables are sources (`DeltaTableSource`, `IcebergTableSource`). The admission
+controller calls `TableSource.resolve` and turns the `ResolvedTable` into a LoadPlan; it never
+contains source-specific logic. The master keeps one source per request kind (`source_kind`);
+the seed's OLAP source is refused with `UnsupportedSourceError` (UNIMPLEMENTED).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class ResolvedTable:
     file_count: int = 0
 
 
-class Connector(ABC):
+class TableSource(ABC):
     """Resolves a request's source into a `ResolvedTable`; raises SpeedLayerError subclasses."""
 
     @abstractmethod

@@ -139,6 +139,28 @@ def error_info(exc: BaseException) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+# ---- call headers and deadlines on the calling side (the client, the gateway to a worker) -----
+
+# The call's gRPC deadline is the query's plus this, so the server's clearer timeout arrives first.
+DEADLINE_SLACK_S = 2.0
+
+
+def location(address: str) -> str:
+    """A Flight location from `host:port` (or an explicit grpc:// URL)."""
+    return address if "://" in address else f"grpc://{address}"
+
+
+def call_options(tenant: str, *, token: str | None = None, client_id: str | None = None,
+                 timeout_s: float | None = None) -> flight.FlightCallOptions:
+    """The call headers of a query for `tenant` (and its token and client id), with a deadline."""
+    headers = [(TENANT_HEADER.encode(), tenant.encode())]
+    if token:
+        headers.append((AUTH_HEADER.encode(), f"Bearer {token}".encode()))
+    if client_id:
+        headers.append((CLIENT_HEADER.encode(), client_id.encode()))
+    return flight.FlightCallOptions(headers=headers, timeout=timeout_s)
+
+
 # ---- call headers on the server side ---------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
-from speedlayer.catalog import ResolvedTable
+from speedlayer.sources import ResolvedTable
 
 INCREMENTAL, REBUILD = "incremental", "rebuild"
 

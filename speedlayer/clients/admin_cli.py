@@ -16,7 +16,7 @@ import uuid
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from speedlayer.client import DEFAULT_CONNECT_TIMEOUT_S, ManagementClient, delta_request
+from speedlayer.clients.management_client import DEFAULT_CONNECT_TIMEOUT_S, ManagementClient, delta_request
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

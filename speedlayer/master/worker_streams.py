@@ -1,4 +1,4 @@
-"""The `StreamRegistry` (seed §12): the workers connected to this leader, one session each.
+"""The `StreamRegistry` (seed §12): the master's view of the workers connected to this leader, one session each.
 
 A `WorkerSession` owns a worker's outgoing queue and what the master knows of it: what it
 reported holding (`held`: epoch key -> replica state) and which plans were sent (`sent`).

@@ -22,11 +22,11 @@ from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc
 from speedlayer.errors import InvalidRequestError, NotFoundError, SpeedLayerError, unknown_tenant
 from speedlayer.keys import SpeedLayerKeys, valid_id
 from speedlayer.master.admission import AdmissionController
+from speedlayer.master.leader_gate import abort, abort_with
 from speedlayer.master.lifecycle import superseded_keys
 from speedlayer.master.quotas import tenant_usage
 from speedlayer.master.replication import shortfall
 from speedlayer.records import R_FAILED, AssignmentRecord, TenantConfig, WorkerRecord
-from speedlayer.transport.leader_gate import abort, abort_with
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,4 @@
-"""`ManagementClient`: the ManagementService from any master, following the leader; and
-`query`/`QueryClient` (from `speedlayer.query.client`): SQL on a dataset through the gateway.
+"""`ManagementClient`: the ManagementService from any master, following the leader.
 
 Given one or more master addresses, each call goes to the last known leader; a follower's
 UNAVAILABLE names the leader (`leader-address`), so the client goes there after the
@@ -25,31 +24,13 @@ import grpc
 from speedlayer.api.v1 import management_service_pb2 as mg
 from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc
 from speedlayer.errors import MASTERS_CHECK, MastersUnreachableError, WrongServerError
-from speedlayer.transport.leader_gate import answered, leader_hint
+from speedlayer.protocol.master_rpc import (
+    DEFAULT_CONNECT_TIMEOUT_S, MESSAGE_SIZE_OPTIONS, answered, connect_options, leader_hint,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ManagementClient", "delta_request", "query", "QueryClient"]
-
-
-def __getattr__(name: str):
-    # The query client needs pyarrow.flight; masters and workers importing this module do not.
-    if name in ("query", "QueryClient"):
-        from speedlayer.query import client as query_client
-
-        return getattr(query_client, name)
-    raise AttributeError(name)
-
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                   ("grpc.max_send_message_length", 64 * 1024 * 1024)]
-DEFAULT_CONNECT_TIMEOUT_S = 2.0
-
-
-def connect_options(connect_timeout_s: float) -> list[tuple[str, int]]:
-    """gRPC channel options bounding one connection attempt by `connect_timeout_s` (gRPC's own
-    minimum is 20 s: a host that accepts nothing would hold a call for that long)."""
-    millis = max(1, int(connect_timeout_s * 1000))
-    return [("grpc.min_reconnect_backoff_ms", millis), ("grpc.initial_reconnect_backoff_ms", millis)]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "ManagementClient", "delta_request"]
 
 
 class ManagementClient:
@@ -70,7 +51,7 @@ class ManagementClient:
     def _stub(self, target: str) -> mg_grpc.ManagementServiceStub:
         if target not in self._channels:
             self._channels[target] = grpc.insecure_channel(
-                target, options=CHANNEL_OPTIONS + connect_options(self.connect_timeout_s))
+                target, options=MESSAGE_SIZE_OPTIONS + connect_options(self.connect_timeout_s))
         return mg_grpc.ManagementServiceStub(self._channels[target])
 
     def call(self, method: str, request: Any) -> Any:

@@ -17,10 +17,10 @@ import pyarrow as pa
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.api.v1 import management_service_pb2 as mg
-from speedlayer.catalog import (
-    Connector, PartitionFilter, ResolvedTable, check_partition_columns, matches,
-)
 from speedlayer.errors import InvalidRequestError, PreconditionError, SourceError
+from speedlayer.sources import (
+    PartitionFilter, ResolvedTable, TableSource, check_partition_columns, matches,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def file_uri(table_uri: str, path: str) -> str:
     return f"{table_uri}/{unquote(path)}"
 
 
-class DeltaConnector(Connector):
+class DeltaTableSource(TableSource):
     """`storage_options` go to delta-rs (e.g. AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID for S3)."""
 
     def __init__(self, storage_options: dict[str, str] | None = None) -> None:

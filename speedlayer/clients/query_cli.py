@@ -37,8 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from speedlayer.clients.query_client import QueryClient
     from speedlayer.errors import SpeedLayerError
-    from speedlayer.query.client import QueryClient
 
     try:
         with QueryClient(args.gateway, args.tenant, token=args.token, client_id=args.client_id,

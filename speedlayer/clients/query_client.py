@@ -1,6 +1,6 @@
 """`QueryClient` and `query()`: SQL on a speed layer dataset through the Data Gateway.
 
-    from speedlayer.client import query
+    from speedlayer.clients import query
     table = query("127.0.0.1:7800", "acme", "orders", "SELECT day, sum(amount) FROM orders GROUP BY day")
     frame = table.to_pandas()
 
@@ -23,28 +23,11 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from speedlayer.errors import GATEWAY_CHECK, GatewayUnreachableError, SpeedLayerError, WrongServerError
-from speedlayer.query.protocol import (
-    AUTH_HEADER, CLIENT_HEADER, TENANT_HEADER, QueryRequest, error_info, from_flight,
+from speedlayer.protocol.query import (
+    DEADLINE_SLACK_S, QueryRequest, call_options, error_info, from_flight, location,
 )
 
-# The call's gRPC deadline is the query's plus this, so the server's clearer timeout arrives first.
-DEADLINE_SLACK_S = 2.0
 DEFAULT_CONNECT_TIMEOUT_MS = 2_000
-
-
-def location(address: str) -> str:
-    """A Flight location from `host:port` (or an explicit grpc:// URL)."""
-    return address if "://" in address else f"grpc://{address}"
-
-
-def call_options(tenant: str, *, token: str | None = None, client_id: str | None = None,
-                 timeout_s: float | None = None) -> flight.FlightCallOptions:
-    headers = [(TENANT_HEADER.encode(), tenant.encode())]
-    if token:
-        headers.append((AUTH_HEADER.encode(), f"Bearer {token}".encode()))
-    if client_id:
-        headers.append((CLIENT_HEADER.encode(), client_id.encode()))
-    return flight.FlightCallOptions(headers=headers, timeout=timeout_s)
 
 
 def connect(address: str, connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS) -> flight.FlightClient:

@@ -4,7 +4,7 @@ The first message must be a RegisterEvent; a follower (or a leader losing its le
 UNAVAILABLE naming the leader. Afterwards a reader thread handles the worker's events while
 this handler yields what the master queues for the worker. The stream is closed when three
 heartbeat intervals pass without a heartbeat; gRPC keepalive pings (server options in
-`master.server`) detect half-open connections.
+`protocol.master_rpc`) detect half-open connections.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from danube_core.errors import DanubeError
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.api.v1 import control_plane_service_pb2_grpc as cp_grpc
 from speedlayer.errors import InvalidRequestError, SpeedLayerError
+from speedlayer.master.leader_gate import abort_with
+from speedlayer.master.worker_streams import CLOSE, WorkerSession
 from speedlayer.master.workers import WorkerDirectory
-from speedlayer.transport.leader_gate import abort_with
-from speedlayer.transport.streams import CLOSE, WorkerSession
 
 logger = logging.getLogger(__name__)
 
