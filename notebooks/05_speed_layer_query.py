@@ -10,6 +10,10 @@
 # MAGIC With `masters` set, the notebook first admits the table to the speed layer and waits until it is READY;
 # MAGIC otherwise the dataset must already be admitted (`python -m speedlayer admin ... admit`). In the SQL the
 # MAGIC dataset is a table name (`FROM orders`). The `token` widget is the tenant's gateway token, if it has one.
+# MAGIC
+# MAGIC The last cells run the same SQL through the gateway's **Arrow Flight SQL** with the ADBC driver, the way
+# MAGIC pandas, polars, BI tools and JDBC clients connect (user = tenant, password = token), next to
+# MAGIC `speedlayer.clients`.
 
 # COMMAND ----------
 
@@ -145,3 +149,31 @@ axis.set_title(f"{dataset}: {runs} runs each")
 figure.tight_layout()
 display(figure)
 client.close()
+
+# COMMAND ----------
+
+# MAGIC %md ## The same SQL through Flight SQL (ADBC), as pandas, polars and BI tools connect
+# MAGIC
+# MAGIC `adbc_driver_flightsql` logs in with the tenant as the user and its token as the password; the gateway
+# MAGIC answers from the same READY epoch as `speedlayer.clients` above.
+
+# COMMAND ----------
+
+import adbc_driver_flightsql.dbapi as flight_sql
+
+gateway_url = widget("gateway") if "://" in widget("gateway") else f"grpc://{widget('gateway')}"
+with flight_sql.connect(gateway_url, db_kwargs={"username": widget("tenant"), "password": widget("token")},
+                        autocommit=True) as connection, connection.cursor() as cursor:
+    def adbc_query():
+        cursor.execute(sql)
+        return cursor.fetch_arrow_table()
+
+    adbc_result, adbc_ms = timed(adbc_query)
+    tables = connection.adbc_get_objects(depth="tables").read_all().to_pylist()
+adbc_frame = adbc_result.to_pandas()
+display(adbc_frame)
+display(pd.DataFrame([{
+    "same_answer_as_speedlayer_clients": normalised(adbc_frame).equals(normalised(gateway_frame)),
+    "adbc_p50_ms": round(statistics.median(adbc_ms), 2), "speedlayer_clients_p50_ms": round(statistics.median(gateway_ms), 2),
+    "tables": ", ".join(t["table_name"] for c in tables for s in c["catalog_db_schemas"] for t in s["db_schema_tables"]),
+}]))

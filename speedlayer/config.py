@@ -125,7 +125,10 @@ def load_master_config(path: str | None, overrides: Mapping[str, Any] | None = N
 class GatewayConfig:
     """The Data Gateway (`gateway:` section). `tokens`: tenant -> token the tenant's clients
     must present (`authorization: Bearer <token>`); `require_tokens`: refuse tenants without one.
-    Limits are caps (a query may ask for less) and defaults."""
+    Limits are caps (a query may ask for less) and defaults. Flight SQL clients log in with the
+    same tokens (user = tenant, password = token) and get a session that lasts
+    `flight_sql_session_ttl_s`. `tls_cert_file`/`tls_key_file` (PEM) serve TLS (`grpc+tls://`);
+    with `tls_client_ca_file` too, clients must present a certificate that CA signed."""
 
     host: str
     port: int
@@ -138,10 +141,18 @@ class GatewayConfig:
     tokens: dict[str, str] = field(default_factory=dict, repr=False)
     require_tokens: bool = False
     metrics_port: int | None = None
+    flight_sql_session_ttl_s: int = 8 * 3600
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
 
     @property
     def etcd_endpoints(self) -> str:
@@ -169,7 +180,22 @@ def load_gateway_config(path: str | None, overrides: Mapping[str, Any] | None = 
         query_timeout_ms=_int(gateway, "query_timeout_ms", where, 30_000),
         retry_buffer_bytes=_int(gateway, "retry_buffer_bytes", where, 4 * 1024 * 1024, minimum=0),
         tokens={str(k): v for k, v in tokens.items()}, require_tokens=require,
-        metrics_port=_int(gateway, "metrics_port", where, None))
+        metrics_port=_int(gateway, "metrics_port", where, None),
+        flight_sql_session_ttl_s=_int(gateway, "flight_sql_session_ttl_seconds", where, 8 * 3600),
+        **_gateway_tls(gateway, where))
+
+
+def _gateway_tls(gateway: Mapping[str, Any], where: str) -> dict[str, str | None]:
+    """`tls_cert_file` and `tls_key_file` together (or neither); `tls_client_ca_file` only with them."""
+    files = {name: gateway.get(name) for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file")}
+    for name, value in files.items():
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{where}: gateway.{name}={value!r}: expected a path to a PEM file")
+    if (files["tls_cert_file"] is None) != (files["tls_key_file"] is None):
+        raise ConfigError(f"{where}: gateway.tls_cert_file and gateway.tls_key_file go together (both or neither)")
+    if files["tls_client_ca_file"] is not None and files["tls_cert_file"] is None:
+        raise ConfigError(f"{where}: gateway.tls_client_ca_file needs gateway.tls_cert_file and tls_key_file")
+    return files
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ logger = logging.getLogger("speedlayer.gateway")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    gateway = sub.add_parser("gateway", help="run a Data Gateway (Arrow Flight)")
+    gateway = sub.add_parser("gateway", help="run a Data Gateway (Arrow Flight and Flight SQL)")
     gateway.add_argument("--config", help="YAML config (conf/speedlayer.yaml, section gateway)")
     gateway.add_argument("--host", help="listen host (overrides gateway.host)")
     gateway.add_argument("--port", type=int, help="Flight port (overrides gateway.port; 0: any free port)")
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     server = GatewayFlightServer(config, routing)
     done = threading.Event()
     stop_on_signals(done.set)
-    logger.info("gateway serving on %s:%d", config.host, server.port)
+    logger.info("gateway serving on %s:%d (%s; native protocol and Arrow Flight SQL)", config.host, server.port,
+                "TLS" if config.tls else "no TLS")
     print(f"gateway listening on {config.host}:{server.port}", flush=True)  # the operator's (and scripts') line
     try:
         while not done.wait(1.0):

@@ -181,6 +181,12 @@ class RoutingTable:
             records.append(cached[1])
         return records
 
+    def datasets(self, tenant: str) -> list[str]:
+        """The tenant's datasets that have an epoch (what Flight SQL clients list as tables)."""
+        prefix = self._keys.tenant_assignments_prefix(tenant)
+        names = {key[len(prefix):].split("/", 1)[0] for key, _ in self._assignments.get_prefix(prefix, keys_only=True)}
+        return sorted(names)
+
     def route(self, tenant: str, dataset: str, client_id: str, epoch: str | None = None) -> Route:
         records = self.records(tenant, dataset)
         if not records:

@@ -9,6 +9,11 @@ replica is tried within the query's deadline. To make that possible for the comm
 first `retry_buffer_bytes` of an answer are read before anything is sent on; a longer answer
 then streams through and cannot be retried once it has started. Errors that would be the same
 on any replica (bad SQL, limits, deadline, another tenant's dataset) are returned at once.
+
+The same service speaks Arrow Flight SQL (`speedlayer.gateway.flight_sql`): a ticket that is
+not the native JSON, every `GetFlightInfo`, `GetSchema`, `DoPut` and `DoAction`, and the
+`Handshake` with basic credentials are Flight SQL's, and run their statements through the same
+routing, limits and retries (`run_sql`). With `tls_cert_file` the service listens on TLS.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ import pyarrow.flight as flight
 
 from speedlayer.config import GatewayConfig
 from speedlayer.errors import (
-    InvalidRequestError, NotFoundError, QueryTimeoutError, ReplicaUnavailableError, SpeedLayerError,
+    InvalidQueryError, InvalidRequestError, NotFoundError, QueryTimeoutError, ReplicaUnavailableError, SpeedLayerError,
     UnauthenticatedError,
 )
+from speedlayer.gateway.flight_sql.auth import AUTH_MIDDLEWARE, AcceptingAuthHandler, BasicAuthMiddlewareFactory
+from speedlayer.gateway.flight_sql.service import FlightSqlService
 from speedlayer.gateway.routing import ReplicaEndpoint, Route, RoutingTable
 from speedlayer.keys import valid_id
 from speedlayer.observability.metrics import GATEWAY_QUERIES, GATEWAY_QUERY_SECONDS, GATEWAY_RETRIES
@@ -43,9 +50,13 @@ class GatewayFlightServer(flight.FlightServerBase):
     """Serves queries on `config.address` (port 0: any free port, see `.port`)."""
 
     def __init__(self, config: GatewayConfig, routing: RoutingTable) -> None:
-        super().__init__(location(config.address), middleware={HEADERS_MIDDLEWARE: HeadersMiddlewareFactory()})
         self.config = config
         self.routing = routing
+        self.flight_sql = FlightSqlService(self, authenticate)
+        middleware = {HEADERS_MIDDLEWARE: HeadersMiddlewareFactory(),
+                      AUTH_MIDDLEWARE: BasicAuthMiddlewareFactory(self.flight_sql.sessions)}
+        super().__init__(_listen_location(config), auth_handler=AcceptingAuthHandler(), middleware=middleware,
+                         **_tls_options(config))
         self.limits = QueryLimits(config.max_result_rows, config.max_result_bytes, config.query_timeout_ms)
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
@@ -64,25 +75,75 @@ class GatewayFlightServer(flight.FlightServerBase):
                 client = self._clients[address] = flight.connect(location(address))
             return client
 
+    # ---- Flight SQL (speedlayer.gateway.flight_sql) -------------------------------------------
+
+    def get_flight_info(self, context: flight.ServerCallContext,
+                        descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+        return self.flight_sql.get_flight_info(context, descriptor)
+
+    def get_schema(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
+        return self.flight_sql.get_schema(context, descriptor)
+
+    def do_put(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
+               reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter) -> None:
+        self.flight_sql.do_put(context, descriptor, reader, writer)
+
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[flight.Result]:
+        return self.flight_sql.do_action(context, action)
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        return self.flight_sql.list_actions()
+
+    # ---- queries ------------------------------------------------------------------------------
+
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
+        if not ticket.ticket.lstrip()[:1] == b"{":  # not the native JSON ticket: Flight SQL's
+            return self.flight_sql.do_get(context, ticket.ticket)
         started = time.perf_counter()
         tenant = "?"
         try:
             request = QueryRequest.from_ticket(ticket.ticket)
             headers = call_headers(context)
             tenant = authenticate(headers, self.config)
-            if not valid_id(request.dataset):
-                raise InvalidRequestError(f"dataset {request.dataset!r}: not a dataset id")
-            limits = self.limits.effective(request)
-            deadline = time.monotonic() + limits.timeout_ms / 1000
             client_id = headers.get(CLIENT_HEADER) or context.peer().rsplit(":", 1)[0]
-            route = self.routing.route(tenant, request.dataset, client_id, request.epoch or None)
-            schema, batches = self._forward(route, request, limits, deadline)
+            schema, batches = self._run(tenant, request, client_id)
         except SpeedLayerError as exc:
             GATEWAY_QUERIES.labels(tenant=tenant, outcome=exc.status_name).inc()
             logger.info("query refused or failed: %s", exc, extra={"tenant_id": tenant})
             raise to_flight(exc) from exc
         return flight.GeneratorStream(schema, self._relay(batches, tenant, started, context))
+
+    def run_sql(self, tenant: str, dataset: str, sql: str, client_id: str, epoch: str | None = None,
+                joined: tuple[str, ...] = ()) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """Run `sql` on `dataset` (its newest READY epoch, or `epoch`) and the `joined` datasets (their
+        newest READY epochs, on a worker holding them all) for an authenticated tenant, with the
+        gateway's limits and deadline: the answer's schema and batches (Flight SQL's path)."""
+        request = QueryRequest(dataset=dataset, sql=sql, epoch=epoch or "")
+        if not joined:
+            return self._run(tenant, request, client_id)
+        for name in (dataset, *joined):
+            if not valid_id(name):
+                raise InvalidRequestError(f"dataset {name!r}: not a dataset id")
+        limits = self.limits.effective(request)
+        deadline = time.monotonic() + limits.timeout_ms / 1000
+        routes = [self.routing.route(tenant, name, client_id, epoch if name == dataset else None)
+                  for name in (dataset, *joined)]
+        route = colocated(routes)
+        request = dataclasses.replace(request, joined=tuple((r.dataset, r.epoch) for r in routes[1:]))
+        return self._forward(route, request, limits, deadline)
+
+    def relay(self, batches: Iterator[pa.RecordBatch], tenant: str, started: float,
+              context: flight.ServerCallContext) -> Iterator[pa.RecordBatch]:
+        """`batches` sent on, counted in the gateway's query metrics, stopped if the caller cancels."""
+        return self._relay(batches, tenant, started, context)
+
+    def _run(self, tenant: str, request: QueryRequest, client_id: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        if not valid_id(request.dataset):
+            raise InvalidRequestError(f"dataset {request.dataset!r}: not a dataset id")
+        limits = self.limits.effective(request)
+        deadline = time.monotonic() + limits.timeout_ms / 1000
+        route = self.routing.route(tenant, request.dataset, client_id, request.epoch or None)
+        return self._forward(route, request, limits, deadline)
 
     def _forward(self, route: Route, request: QueryRequest, limits: QueryLimits,
                  deadline: float) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
@@ -146,6 +207,23 @@ class GatewayFlightServer(flight.FlightServerBase):
             GATEWAY_QUERY_SECONDS.observe(time.perf_counter() - started)
 
 
+def _listen_location(config: GatewayConfig) -> str:
+    return f"grpc+tls://{config.address}" if config.tls else location(config.address)
+
+
+def _tls_options(config: GatewayConfig) -> dict:
+    """FlightServerBase's TLS arguments: the server certificate, and the CA that signs client
+    certificates when they are required."""
+    if not config.tls:
+        return {}
+    with open(config.tls_cert_file, "rb") as cert, open(config.tls_key_file, "rb") as key:  # type: ignore[arg-type]
+        options: dict = {"tls_certificates": [(cert.read(), key.read())]}
+    if config.tls_client_ca_file:
+        with open(config.tls_client_ca_file, "rb") as ca:
+            options.update(verify_client=True, root_certificates=ca.read())
+    return options
+
+
 def authenticate(headers: dict[str, str], config: GatewayConfig) -> str:
     """The caller's tenant; UnauthenticatedError without the header or the tenant's token."""
     tenant = headers.get(TENANT_HEADER, "")
@@ -161,6 +239,20 @@ def authenticate(headers: dict[str, str], config: GatewayConfig) -> str:
     if not hmac.compare_digest(presented.encode(), expected.encode()):
         raise UnauthenticatedError(f"tenant {tenant!r}: missing or wrong token ({AUTH_HEADER}: Bearer ...)")
     return tenant
+
+
+def colocated(routes: list[Route]) -> Route:
+    """The first route narrowed to the replicas whose worker also holds a READY replica of every
+    other route's epoch (a statement over several datasets runs on one worker), in the first
+    route's order; InvalidQueryError naming the datasets and where they are if there is none."""
+    common = set.intersection(*({r.worker for r in route.replicas} for route in routes))
+    if not common:
+        where = "; ".join(f"{r.dataset} (epoch {r.epoch}) on {', '.join(sorted(x.worker for x in r.replicas))}"
+                          for r in routes)
+        raise InvalidQueryError(f"datasets {', '.join(r.dataset for r in routes)}: no worker holds READY replicas "
+                                f"of all of them ({where}); a statement may join only datasets one worker holds")
+    first = routes[0]
+    return dataclasses.replace(first, replicas=tuple(r for r in first.replicas if r.worker in common))
 
 
 def _chain(buffered: list[pa.RecordBatch], reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:

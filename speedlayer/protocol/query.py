@@ -9,6 +9,11 @@ request body:
     authorization: Bearer <token>        (required when the gateway has a token for the tenant)
     x-speedlayer-client: <client id>     (optional; the gateway prefers the same replica per id)
 
+A statement may also read other datasets of the tenant (a join): `joined` names each with
+the epoch it is pinned to, and the worker binds every one (the gateway's Flight SQL sends it
+only to a worker holding all those epochs READY; a worker that predates it ignores it, and its
+SQL guard then refuses the statement for reading a table that is not its dataset).
+
 Errors cross Flight as `FlightError`s whose `extra_info` is JSON naming the speed layer error
 class (`{"error": "ResultTooLargeError", "message": ...}`), so that the client raises the same
 `SpeedLayerError` subclass with the server's message, not Flight's decorated text.
@@ -42,9 +47,13 @@ class QueryRequest:
     max_rows: int = 0
     max_bytes: int = 0
     timeout_ms: int = 0
+    joined: tuple[tuple[str, str], ...] = ()  # ((dataset, epoch), ...): other datasets the SQL reads
 
     def to_ticket(self) -> bytes:
-        return json.dumps({k: v for k, v in asdict(self).items() if v}, separators=(",", ":")).encode()
+        body = {k: v for k, v in asdict(self).items() if v and k != "joined"}
+        if self.joined:
+            body["joined"] = dict(self.joined)
+        return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
     def from_ticket(cls, raw: bytes) -> "QueryRequest":
@@ -63,8 +72,12 @@ class QueryRequest:
                 raise InvalidRequestError(f"query ticket: {name}={item!r}: expected an integer >= 0")
         if not isinstance(value.get("epoch", ""), str):
             raise InvalidRequestError("query ticket: 'epoch' must be a string")
+        joined = value.pop("joined", {})
+        if not isinstance(joined, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
+                                                   for k, v in joined.items()):
+            raise InvalidRequestError("query ticket: 'joined' must map dataset -> epoch (non-empty strings)")
         names = cls.__dataclass_fields__.keys()  # type: ignore[attr-defined]
-        return cls(**{k: v for k, v in value.items() if k in names})
+        return cls(**{k: v for k, v in value.items() if k in names}, joined=tuple(sorted(joined.items())))
 
 
 @dataclass(frozen=True)

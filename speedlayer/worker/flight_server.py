@@ -4,7 +4,9 @@ One `DoGet` per query (`speedlayer.protocol.query`). The query pins one publishe
 (`ServedDatasets.pin`) and runs on its own DuckDB cursor, on which a TEMP VIEW named after
 the dataset is bound to that epoch's table: the SQL says `FROM orders` and reads exactly one
 complete epoch, whatever the freshness work publishes meanwhile. Only a single SELECT (or
-WITH ... SELECT) statement that reads nothing but its dataset is run (`sql_guard`).
+WITH ... SELECT) statement that reads nothing but its dataset is run (`sql_guard`). A query may
+name `joined` datasets too, each with its epoch: each is pinned and bound the same way, and
+they are all the statement may read besides its dataset.
 
 Results stream as Arrow record batches. The first batch is computed before the call returns,
 so that errors (bad SQL, a deadline) reach the caller before any data and a gateway can
@@ -141,22 +143,36 @@ class WorkerFlightServer(flight.FlightServerBase):
     def execute(self, request: QueryRequest, context: flight.ServerCallContext
                 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Bind, plan and compute the first batch; the rest streams from the returned iterator."""
-        check_query(request.sql, request.dataset)
+        check_query(request.sql, request.dataset, tuple(dataset for dataset, _ in request.joined))
         limits = self.limits.effective(request)
-        pin = self.served.pin(request.dataset, request.epoch or None)
+        pins = self._pin_all(request)
         cursor = self._cursor()
         running = _Running(cursor, time.monotonic() + limits.timeout_ms / 1000, context)
         token = self.watchdog.watch(running)
         try:
-            served = pin.served
-            cursor.execute(f"CREATE TEMP VIEW {quote(served.dataset)} AS SELECT * FROM main.{quote(served.table)}")
-            reader = self._run(cursor, request, running, limits, served.epoch)
-            first = self._next(reader, request, running, limits, served.epoch)
+            for pin in pins:
+                served = pin.served
+                cursor.execute(f"CREATE TEMP VIEW {quote(served.dataset)} AS SELECT * FROM main.{quote(served.table)}")
+            epoch = pins[0].served.epoch
+            reader = self._run(cursor, request, running, limits, epoch)
+            first = self._next(reader, request, running, limits, epoch)
         except BaseException:
-            self._finish(token, pin, cursor)
+            self._finish(token, pins, cursor)
             raise
         self.watchdog.detach_context(token)
-        return reader.schema, self._stream(first, reader, request, running, limits, served.epoch, token, pin, cursor)
+        return reader.schema, self._stream(first, reader, request, running, limits, epoch, token, pins, cursor)
+
+    def _pin_all(self, request: QueryRequest) -> list[EpochPin]:
+        """The query's dataset pinned (its epoch, or the newest), then each joined one at its epoch."""
+        pins = [self.served.pin(request.dataset, request.epoch or None)]
+        try:
+            for dataset, epoch in request.joined:
+                pins.append(self.served.pin(dataset, epoch))
+        except BaseException:
+            for pin in pins:
+                pin.release()
+            raise
+        return pins
 
     def _run(self, cursor, request: QueryRequest, running: _Running, limits: QueryLimits, epoch: str):
         import duckdb
@@ -197,7 +213,7 @@ class WorkerFlightServer(flight.FlightServerBase):
                                  f"of {limits.timeout_ms} ms")
 
     def _stream(self, first, reader, request: QueryRequest, running: _Running, limits: QueryLimits, epoch: str,
-                token: int, pin: EpochPin, cursor) -> Iterator[pa.RecordBatch]:
+                token: int, pins: list[EpochPin], cursor) -> Iterator[pa.RecordBatch]:
         rows = size = 0
         batch = first
         try:
@@ -214,11 +230,12 @@ class WorkerFlightServer(flight.FlightServerBase):
                 except SpeedLayerError as exc:
                     raise to_flight(exc) from exc
         finally:
-            self._finish(token, pin, cursor)
+            self._finish(token, pins, cursor)
 
-    def _finish(self, token: int, pin: EpochPin, cursor) -> None:
+    def _finish(self, token: int, pins: list[EpochPin], cursor) -> None:
         self.watchdog.unwatch(token)
         try:
             cursor.close()
         finally:
-            pin.release()
+            for pin in pins:
+                pin.release()

@@ -65,21 +65,21 @@ def _cte_names(nodes: list[dict[str, Any]]) -> set[str]:
     return names
 
 
-def check_query(sql: str, dataset: str) -> None:
+def check_query(sql: str, dataset: str, joined: tuple[str, ...] = ()) -> None:
     """Raise InvalidQueryError naming the dataset unless `sql` is one SELECT that reads only
-    `dataset` (unqualified) and CTEs it defines."""
-    _accepted(sql, dataset)
+    `dataset` (unqualified), the `joined` datasets bound beside it, and CTEs it defines."""
+    _accepted(sql, dataset, joined)
 
 
 @functools.lru_cache(maxsize=ACCEPTED_CACHE_SIZE)
-def _accepted(sql: str, dataset: str) -> bool:
+def _accepted(sql: str, dataset: str, joined: tuple[str, ...] = ()) -> bool:
     """True once `sql` passed the checks (lru_cache keeps no raised exception, so only
     acceptances are remembered)."""
-    _check(sql, dataset)
+    _check(sql, dataset, joined)
     return True
 
 
-def _check(sql: str, dataset: str) -> None:
+def _check(sql: str, dataset: str, joined: tuple[str, ...] = ()) -> None:
     import duckdb
 
     try:
@@ -93,7 +93,7 @@ def _check(sql: str, dataset: str) -> None:
     if tree.get("error"):
         raise InvalidQueryError(f"query on dataset {dataset!r}: {tree.get('error_message', 'cannot be parsed')}")
     nodes = list(_nodes(tree["statements"]))
-    readable = {dataset.lower()} | _cte_names(nodes)
+    readable = {dataset.lower()} | {name.lower() for name in joined} | _cte_names(nodes)
     for node in nodes:
         kind = node.get("type")
         if kind == "TABLE_FUNCTION":

@@ -1,0 +1,320 @@
+"""The gateway's Flight SQL calls: metadata, statements, prepared statements.
+
+A statement is executed when the client asks for its `FlightInfo` (`GetFlightInfo`), the way
+the native path executes at `DoGet`: routed to a READY replica of the dataset's newest epoch,
+pinned to that epoch, with the gateway's limits, deadline, retries and the worker's SQL guard.
+The answer's first part (up to the retry buffer) is then waiting, under a one-time handle in
+the FlightInfo's ticket, for the client's `DoGet`. So a client pays one extra round trip, not a
+second execution, and the FlightInfo carries the answer's exact schema.
+
+Errors reach Flight SQL clients with the standard gRPC codes: a refused or malformed statement
+or command is INVALID_ARGUMENT, an unknown handle NOT_FOUND, writes and transactions
+UNIMPLEMENTED (read-only), and the rest as on the native path (UNAUTHENTICATED,
+PERMISSION_DENIED, UNAVAILABLE for a dataset with no READY epoch yet: retry, DEADLINE_EXCEEDED).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any, Callable, Iterator, Protocol, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from speedlayer.api import flight_sql_pb2 as sql_pb2
+from speedlayer.config import GatewayConfig
+from speedlayer.errors import (
+    InvalidRequestError, NotFoundError, ReplicaUnavailableError, SpeedLayerError,
+)
+from speedlayer.gateway.flight_sql import catalog
+from speedlayer.gateway.flight_sql.auth import SessionTokens, call_tenant
+from speedlayer.gateway.flight_sql.messages import (
+    ACTION_CLOSE_PREPARED, ACTION_CREATE_PREPARED, READ_ONLY_ACTIONS, ReadOnlyError, UnsupportedCommandError, pack,
+    unpack, unpack_as,
+)
+from speedlayer.gateway.flight_sql.parameters import parameter_literals
+from speedlayer.gateway.flight_sql.statements import (
+    LIMIT_HINT, PendingResults, PreparedStatements, Statement, analyse,
+)
+from speedlayer.gateway.routing import RoutingTable
+from speedlayer.observability.metrics import GATEWAY_QUERIES
+from speedlayer.protocol.query import CLIENT_HEADER, call_headers, to_flight
+
+logger = logging.getLogger(__name__)
+
+SERVER_VERSION = "0.1.0"
+SCHEMA_CACHE_SIZE = 4096
+T = TypeVar("T")
+
+
+class StatementRunner(Protocol):
+    """What the service needs of the gateway: run SQL on one dataset (routed, pinned, limited)."""
+
+    config: GatewayConfig
+    routing: RoutingTable
+
+    def run_sql(self, tenant: str, dataset: str, sql: str, client_id: str, epoch: str | None = None,
+                joined: tuple[str, ...] = ()) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]: ...
+
+    def relay(self, batches: Iterator[pa.RecordBatch], tenant: str, started: float,
+              context: flight.ServerCallContext) -> Iterator[pa.RecordBatch]: ...
+
+
+def flight_sql_error(error: SpeedLayerError) -> Exception:
+    """The exception that gives a Flight SQL client the standard status for `error`."""
+    message = str(error)
+    if error.status_name == "INVALID_ARGUMENT":
+        return pa.ArrowInvalid(message)
+    if error.status_name == "UNIMPLEMENTED":
+        return pa.ArrowNotImplementedError(message)
+    if error.status_name == "NOT_FOUND":
+        return pa.ArrowKeyError(message)
+    return to_flight(error)
+
+
+def _translated(method: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(method)
+    def call(self: "FlightSqlService", *args: Any) -> T:
+        try:
+            return method(self, *args)
+        except SpeedLayerError as exc:
+            GATEWAY_QUERIES.labels(tenant="?", outcome=exc.status_name).inc()
+            logger.info("Flight SQL call refused or failed: %s", exc)
+            # pyarrow sends a non-Flight exception's traceback as the status detail: without the
+            # cause chain, that is this frame and the server's, not the gateway's internals.
+            raise flight_sql_error(exc) from None
+    return call
+
+
+class FlightSqlService:
+    """Answers the Flight SQL calls of `GatewayFlightServer` (see the module docstring)."""
+
+    def __init__(self, gateway: StatementRunner, authenticate: Callable[[dict[str, str], GatewayConfig], str]) -> None:
+        self.gateway = gateway
+        self.sessions = SessionTokens(gateway.config)
+        self._authenticate = authenticate
+        self.prepared = PreparedStatements()
+        self.pending = PendingResults(ttl_s=gateway.config.query_timeout_ms / 1000 + 60)
+        self._schemas: dict[tuple[str, str, str], pa.Schema] = {}
+        self._probed: dict[tuple[str, str, tuple[str, ...]], pa.Schema] = {}
+
+    # ---- calls ------------------------------------------------------------------------------
+
+    @_translated
+    def get_flight_info(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
+        tenant, client_id = self._caller(context)
+        command = unpack(descriptor.command or b"", "GetFlightInfo")
+        schema, batches, is_statement = self._answer(tenant, client_id, command)
+        handle = self.pending.put(tenant, schema, batches if not is_statement else _Statement(batches))
+        ticket = pack(sql_pb2.TicketStatementQuery(statement_handle=handle))
+        return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1)
+
+    @_translated
+    def get_schema(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
+        tenant, client_id = self._caller(context)
+        command = unpack(descriptor.command or b"", "GetSchema")
+        if isinstance(command, sql_pb2.CommandStatementQuery):
+            return flight.SchemaResult(self._probe_schema(tenant, client_id, analyse(command.query, tenant)))
+        if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
+            prepared = self.prepared.get(tenant, command.prepared_statement_handle)
+            return flight.SchemaResult(self._probe_schema(tenant, client_id, prepared.statement))
+        return flight.SchemaResult(self._metadata(tenant, client_id, command).schema)
+
+    @_translated
+    def do_get(self, context: flight.ServerCallContext, ticket: bytes) -> flight.FlightDataStream:
+        started = time.perf_counter()
+        tenant, _ = self._caller(context)
+        message = unpack_as(ticket, sql_pb2.TicketStatementQuery, "DoGet ticket")
+        schema, batches = self.pending.take(tenant, message.statement_handle)
+        if isinstance(batches, _Statement):
+            return flight.GeneratorStream(schema, self.gateway.relay(batches.batches, tenant, started, context))
+        return flight.GeneratorStream(schema, batches)
+
+    @_translated
+    def do_put(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
+               reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter) -> None:
+        tenant, _ = self._caller(context)
+        command = unpack(descriptor.command or b"", "DoPut")
+        if not isinstance(command, sql_pb2.CommandPreparedStatementQuery):
+            raise InvalidRequestError(f"DoPut: {command.DESCRIPTOR.name} takes no data; DoPut binds the parameters "
+                                      f"of a prepared statement (CommandPreparedStatementQuery)")
+        prepared = self.prepared.get(tenant, command.prepared_statement_handle)
+        parameters = reader.read_all()
+        literals = parameter_literals(parameters, prepared.statement.parameter_count)
+        prepared.literals = literals
+        result = sql_pb2.DoPutPreparedStatementResult(prepared_statement_handle=command.prepared_statement_handle)
+        writer.write(pa.py_buffer(result.SerializeToString()))
+
+    @_translated
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[flight.Result]:
+        # Closing only frees the gateway's state: a client whose session expired may still close
+        # its statements (drivers close them on the way out and would fail their close otherwise).
+        tenant, client_id = self._caller(context, allow_expired=action.type == ACTION_CLOSE_PREPARED)
+        body = action.body.to_pybytes() if action.body is not None else b""
+        if action.type == ACTION_CREATE_PREPARED:
+            request = unpack_as(body, sql_pb2.ActionCreatePreparedStatementRequest, action.type)
+            return [flight.Result(pack(self._prepare(tenant, client_id, request)))]
+        if action.type == ACTION_CLOSE_PREPARED:
+            request = unpack_as(body, sql_pb2.ActionClosePreparedStatementRequest, action.type)
+            self.prepared.close(tenant, request.prepared_statement_handle)
+            return []
+        if action.type in READ_ONLY_ACTIONS:
+            raise ReadOnlyError(f"{action.type} is refused: the speed layer is read-only (no transactions)")
+        raise UnsupportedCommandError(f"action {action.type!r} is not supported by this server")
+
+    @staticmethod
+    def list_actions() -> list[tuple[str, str]]:
+        return [(ACTION_CREATE_PREPARED, "prepare a statement (Flight SQL)"),
+                (ACTION_CLOSE_PREPARED, "close a prepared statement (Flight SQL)")]
+
+    # ---- commands ---------------------------------------------------------------------------
+
+    def _caller(self, context: flight.ServerCallContext, allow_expired: bool = False) -> tuple[str, str]:
+        headers = call_headers(context)
+        tenant = call_tenant(headers, self.sessions, self._authenticate, allow_expired=allow_expired)
+        return tenant, headers.get(CLIENT_HEADER) or context.peer().rsplit(":", 1)[0]
+
+    def _answer(self, tenant: str, client_id: str, command: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch], bool]:
+        """The schema and batches answering `command`, and whether it ran a statement."""
+        if isinstance(command, sql_pb2.CommandStatementQuery):
+            if command.HasField("transaction_id"):
+                raise ReadOnlyError("transactions are not supported: the speed layer is read-only")
+            statement = analyse(command.query, tenant)
+            if statement.parameter_count:
+                raise InvalidRequestError(f"the statement has {statement.parameter_count} parameter(s): prepare it "
+                                          f"and bind them (a prepared statement)")
+            dataset, joined = statement.targets()
+            return (*self.gateway.run_sql(tenant, dataset, statement.render(), client_id, joined=joined), True)
+        if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
+            prepared = self.prepared.get(tenant, command.prepared_statement_handle)
+            statement = prepared.statement
+            if statement.parameter_count and prepared.literals is None:
+                raise InvalidRequestError(f"the prepared statement takes {statement.parameter_count} parameter(s) "
+                                          f"and none were bound (DoPut)")
+            dataset, joined = statement.targets()
+            sql = statement.render(prepared.literals or ())
+            return (*self.gateway.run_sql(tenant, dataset, sql, client_id, joined=joined), True)
+        table = self._metadata(tenant, client_id, command)
+        return table.schema, iter(table.to_batches()), False
+
+    def _metadata(self, tenant: str, client_id: str, command: Any) -> pa.Table:
+        if isinstance(command, sql_pb2.CommandGetSqlInfo):
+            return catalog.sql_info(list(command.info), SERVER_VERSION, self.gateway.config.query_timeout_ms)
+        if isinstance(command, sql_pb2.CommandGetCatalogs):
+            return catalog.catalogs()
+        if isinstance(command, sql_pb2.CommandGetDbSchemas):
+            return catalog.db_schemas(tenant, _optional(command, "catalog"), _optional(command, "db_schema_filter_pattern"))
+        if isinstance(command, sql_pb2.CommandGetTableTypes):
+            return catalog.table_types()
+        if isinstance(command, sql_pb2.CommandGetPrimaryKeys):
+            return catalog.primary_keys()
+        if isinstance(command, (sql_pb2.CommandGetExportedKeys, sql_pb2.CommandGetImportedKeys,
+                                sql_pb2.CommandGetCrossReference)):
+            return catalog.foreign_keys()
+        if isinstance(command, sql_pb2.CommandGetTables):
+            names = [n for n in self.gateway.routing.datasets(tenant)
+                     if catalog.like(_optional(command, "table_name_filter_pattern"), n)]
+            datasets = [catalog.DatasetTable(n, self._newest_schema(tenant, n, client_id) if command.include_schema
+                                             else None) for n in names]
+            return catalog.tables(tenant, datasets, catalog=_optional(command, "catalog"),
+                                  schema_pattern=_optional(command, "db_schema_filter_pattern"),
+                                  table_pattern=_optional(command, "table_name_filter_pattern"),
+                                  table_types=list(command.table_types), include_schema=command.include_schema)
+        raise InvalidRequestError(f"{command.DESCRIPTOR.name} is not a command for GetFlightInfo")
+
+    def _prepare(self, tenant: str, client_id: str,
+                 request: sql_pb2.ActionCreatePreparedStatementRequest) -> sql_pb2.ActionCreatePreparedStatementResult:
+        if request.HasField("transaction_id"):
+            raise ReadOnlyError("transactions are not supported: the speed layer is read-only")
+        statement = analyse(request.query, tenant)
+        dataset, joined = statement.targets()
+        columns = _merged([self._dataset_schema(tenant, name, client_id) for name in (dataset, *joined)])
+        result_schema = self._probe_schema(tenant, client_id, statement)
+        handle = self.prepared.create(tenant, statement)
+        return sql_pb2.ActionCreatePreparedStatementResult(
+            prepared_statement_handle=handle, dataset_schema=result_schema.serialize().to_pybytes(),
+            parameter_schema=parameter_schema(statement, columns).serialize().to_pybytes())
+
+    # ---- dataset schemas --------------------------------------------------------------------
+
+    def _probe_schema(self, tenant: str, client_id: str, statement: Statement) -> pa.Schema:
+        """The schema of `statement`'s answer, from the statement run with no rows (`LIMIT 0`
+        around it, NULL for each parameter) on a worker holding its datasets. Remembered per
+        statement shape and epochs: drivers prepare every statement they run (ADBC, JDBC), and a
+        dashboard's statements differ mostly in their filters' literals, which change no column."""
+        dataset, joined = statement.targets()
+        epochs = tuple(self.gateway.routing.route(tenant, name, client_id).epoch for name in (dataset, *joined))
+        key = (tenant, statement.shape, epochs)
+        schema = self._probed.get(key)
+        if schema is not None:
+            return schema
+        probe = statement.render(("NULL",) * statement.parameter_count).rstrip().rstrip(";")
+        schema, batches = self.gateway.run_sql(
+            tenant, dataset, f"SELECT * FROM ({probe}) AS speedlayer_probe LIMIT 0", client_id, joined=joined)
+        for _ in batches:
+            pass
+        if len(self._probed) >= SCHEMA_CACHE_SIZE:
+            self._probed.clear()
+        self._probed[key] = schema
+        return schema
+
+    def _dataset_schema(self, tenant: str, dataset: str, client_id: str) -> pa.Schema:
+        """The Arrow schema of the dataset's newest READY epoch (cached per epoch)."""
+        epoch = self.gateway.routing.route(tenant, dataset, client_id).epoch
+        key = (tenant, dataset, epoch)
+        schema = self._schemas.get(key)
+        if schema is None:
+            quoted = '"' + dataset.replace('"', '""') + '"'
+            schema, batches = self.gateway.run_sql(tenant, dataset, f"SELECT * FROM {quoted} LIMIT 0", client_id, epoch)
+            for _ in batches:
+                pass
+            if len(self._schemas) >= SCHEMA_CACHE_SIZE:
+                self._schemas.clear()
+            self._schemas[key] = schema
+        return schema
+
+    def _newest_schema(self, tenant: str, dataset: str, client_id: str) -> pa.Schema | None:
+        try:
+            return self._dataset_schema(tenant, dataset, client_id)
+        except (ReplicaUnavailableError, NotFoundError):  # no READY epoch yet: listed with an empty schema
+            return None
+
+
+class _Statement:
+    """A pending statement's batches (relayed with the gateway's query metrics at DoGet)."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        return self.batches
+
+
+def parameter_schema(statement: Statement, columns: pa.Schema) -> pa.Schema:
+    """Typed parameters for drivers that bind by type (JDBC): a parameter compared with a column
+    has the column's type, a LIMIT count int64, any other a string (DuckDB casts it)."""
+    fields = []
+    for index, hint in enumerate(statement.parameter_hints, start=1):
+        if hint == LIMIT_HINT:
+            arrow_type = pa.int64()
+        elif hint is not None and hint in columns.names:
+            arrow_type = columns.field(hint).type
+        else:
+            arrow_type = pa.utf8()
+        fields.append(pa.field(f"parameter_{index}", arrow_type))
+    return pa.schema(fields)
+
+
+def _merged(schemas: list[pa.Schema]) -> pa.Schema:
+    """The columns of several datasets, a name's first occurrence winning (for parameter types)."""
+    fields: dict[str, pa.Field] = {}
+    for schema in schemas:
+        for field in schema:
+            fields.setdefault(field.name, field)
+    return pa.schema(list(fields.values()))
+
+
+def _optional(message: Any, name: str) -> str | None:
+    return getattr(message, name) if message.HasField(name) else None

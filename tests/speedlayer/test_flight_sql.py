@@ -1,0 +1,220 @@
+"""The Data Gateway's Arrow Flight SQL with the real ADBC Flight SQL driver (issue 27).
+
+One cluster for the module (a master, one worker of tenant acme holding two Delta datasets,
+one gateway with tokens; a second gateway on TLS) is queried only through `adbc_driver_flightsql`
+as a user would: listing tables, a group-by and a parameterised point query with exact answers,
+auth failures, another tenant's refusal, and the errors a client sees for bad input. The
+native client keeps working beside it on the same gateway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+import pytest
+
+from speedlayer.clients import QueryClient, delta_request
+from speedlayer.records import TenantConfig
+from tests.rig import eventually
+from tests.speedlayer.cluster import SpeedLayerCluster, ready_workers
+
+adbc_flightsql = pytest.importorskip("adbc_driver_flightsql.dbapi")
+adbc_manager = pytest.importorskip("adbc_driver_manager")
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+TOKENS = {"acme": "s3cret", "other": "other-token"}
+
+
+def _write_orders(path: str, rows: int = 3000) -> None:
+    from deltalake import write_deltalake
+
+    ids = range(rows)
+    write_deltalake(path, pa.table({
+        "id": pa.array(ids, pa.int64()),
+        "day": [f"2024-01-{i % 3 + 1:02d}" for i in ids],
+        "amount": pa.array([i * 0.5 for i in ids], pa.float64()),
+    }), partition_by=["day"])
+
+
+@pytest.fixture(scope="module")
+def gateways(tmp_path_factory):
+    """{"plain", "tls", "mtls": host:port of three gateways (no TLS, results capped at 2000 rows;
+    TLS; TLS requiring client certificates, a 1 s query deadline), "ca", "cert",
+    "key": PEM files} of a cluster whose acme datasets `orders`
+    (3000 rows) and `items` (30) are READY."""
+    from tests.tls import make_certificates
+
+    root = tmp_path_factory.mktemp("flight-sql")
+    cluster = SpeedLayerCluster(root / "cluster")
+    try:
+        orders, items = str(root / "orders"), str(root / "items")
+        _write_orders(orders)
+        _write_orders(items, rows=30)
+        cluster.start_master("m1")
+        cluster.start_worker("acme", "w1")
+        cluster.set_tenant("other", TenantConfig())
+        client = cluster.client()
+        eventually(lambda: len(client.workers("acme").workers) == 1, deadline_s=60)
+        for name, path in (("orders", orders), ("items", items)):
+            reply = client.admit(delta_request("acme", name, path, replication=1))
+            eventually(lambda n=name, e=reply.epoch_id: ready_workers(client, "acme", n, e), deadline_s=90)
+        certs = make_certificates(root / "certs")
+        plain = cluster.start_gateway("g1", extra={"tokens": TOKENS, "max_result_rows": 2000})
+        tls = cluster.start_gateway("g2", extra={"tokens": TOKENS, "tls_cert_file": certs.cert,
+                                                 "tls_key_file": certs.key})
+        mtls = cluster.start_gateway("g3", extra={"tokens": TOKENS, "tls_cert_file": certs.cert,
+                                                  "tls_key_file": certs.key, "tls_client_ca_file": certs.ca_cert,
+                                                  "query_timeout_ms": 1000})
+        with QueryClient(plain, "acme", token="s3cret") as native:
+            eventually(lambda: _ready(native), deadline_s=30)
+        yield {"plain": plain, "tls": tls, "mtls": mtls, "ca": certs.ca_cert, "cert": certs.cert, "key": certs.key}
+    except BaseException:
+        print(cluster.dump_logs())
+        raise
+    finally:
+        cluster.stop()
+
+
+def _ready(native: QueryClient) -> bool:
+    from speedlayer.errors import ReplicaUnavailableError
+
+    try:
+        return all(native.query(d, f"SELECT count(*) AS n FROM {d}").num_rows == 1 for d in ("orders", "items"))
+    except ReplicaUnavailableError:  # the gateway's cache has not seen READY yet
+        return False
+
+
+def _connect(gateway: str, user: str = "acme", password: str = "s3cret", scheme: str = "grpc", **db_kwargs):
+    # autocommit: the gateway has no transactions (it says so in GetSqlInfo), so there is none to turn off.
+    return adbc_flightsql.connect(f"{scheme}://{gateway}", db_kwargs={"username": user, "password": password,
+                                                                       **db_kwargs}, autocommit=True)
+
+
+def test_adbc_lists_the_tenants_datasets_with_their_schemas(gateways):
+    with _connect(gateways["plain"]) as conn:
+        objects = conn.adbc_get_objects(depth="all").read_all().to_pylist()
+        assert [c["catalog_name"] for c in objects] == ["speedlayer"]
+        schemas = objects[0]["catalog_db_schemas"]
+        assert [s["db_schema_name"] for s in schemas] == ["acme"]
+        tables = {t["table_name"]: t for t in schemas[0]["db_schema_tables"]}
+        assert sorted(tables) == ["items", "orders"]
+        columns = {c["column_name"]: c["xdbc_type_name"] for c in tables["orders"]["table_columns"]}
+        assert set(columns) == {"id", "day", "amount"}
+        assert conn.adbc_get_table_schema("orders", db_schema_filter="acme").field("id").type == pa.int64()
+        assert conn.adbc_get_table_types() == ["TABLE"]
+        info = conn.adbc_get_info()
+        assert info["vendor_name"] == "danube-spark speed layer"
+
+
+def test_adbc_group_by_and_parameterised_point_query_are_exact(gateways):
+    with _connect(gateways["plain"]) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT day, count(*) AS n, sum(amount) AS total FROM orders GROUP BY day ORDER BY day")
+        by_day = cursor.fetch_arrow_table().to_pylist()
+        expected = [{"day": f"2024-01-0{d}", "n": 1000, "total": sum(i * 0.5 for i in range(d - 1, 3000, 3))}
+                    for d in (1, 2, 3)]
+        assert by_day == expected
+        assert cursor.adbc_execute_schema("SELECT id, day FROM orders WHERE id > 5") == \
+            pa.schema([("id", pa.int64()), ("day", pa.string())])  # GetSchema: nothing read
+        cursor.execute("SELECT id, day, amount FROM orders WHERE id = ?", parameters=(1234,))
+        assert cursor.fetchall() == [(1234, "2024-01-02", 617.0)]
+        cursor.execute("SELECT id, day, amount FROM orders WHERE id = ?", parameters=(2999,))  # same statement again
+        assert cursor.fetchall() == [(2999, "2024-01-03", 1499.5)]
+        cursor.execute("SELECT count(*) AS n FROM speedlayer.acme.orders WHERE day = ? AND amount < ?",
+                       parameters=("2024-01-01", 100.0))
+        assert cursor.fetchall() == [(67,)]
+        cursor.execute("WITH o AS (SELECT * FROM orders WHERE id < ?) SELECT count(*) FROM o", parameters=(10,))
+        assert cursor.fetchall() == [(10,)]
+        # Two datasets of one worker: a join, each pinned to its newest READY epoch.
+        cursor.execute("SELECT count(*) AS n, sum(i.amount) AS total FROM orders o JOIN speedlayer.acme.items i "
+                       "ON o.id = i.id WHERE o.day = ?", parameters=("2024-01-01",))
+        assert cursor.fetchall() == [(10, sum(i * 0.5 for i in range(0, 30, 3)))]
+    with QueryClient(gateways["plain"], "acme", token="s3cret") as native:  # the native path, unchanged
+        assert native.query("orders", "SELECT count(*) AS n FROM orders").to_pylist() == [{"n": 3000}]
+
+
+def test_adbc_refuses_wrong_credentials_and_another_tenants_dataset(gateways):
+    for user, password in (("acme", "wrong"), ("nobody!", "x"), ("other", "s3cret")):
+        with pytest.raises(adbc_manager.Error, match="(?i)unauthenticated|wrong password|not a tenant id"):
+            with _connect(gateways["plain"], user, password) as conn, conn.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM orders")
+    with _connect(gateways["plain"], "other", "other-token") as conn:
+        objects = conn.adbc_get_objects(depth="tables").read_all().to_pylist()
+        assert [t["table_name"] for c in objects for s in c["catalog_db_schemas"] for t in s["db_schema_tables"]] == []
+        with conn.cursor() as cursor, pytest.raises(adbc_manager.Error, match="tenant 'other' may not query dataset 'orders'"):
+            cursor.execute("SELECT count(*) FROM orders")
+        with conn.cursor() as cursor, pytest.raises(adbc_manager.Error, match="'speedlayer.acme.orders'"):
+            cursor.execute("SELECT count(*) FROM speedlayer.acme.orders")
+
+
+def test_adbc_bad_statements_get_clear_invalid_argument_errors(gateways):
+    with _connect(gateways["plain"]) as conn, conn.cursor() as cursor:
+        cases = {
+            "SELECT * FROM read_csv('/etc/passwd')": "table function read_csv",
+            "SELECT no_such_column FROM orders": "no_such_column",
+            "SELECT 1": "names no dataset",
+            "SELEC 1": "syntax error",
+            "SELECT * FROM missing": "'missing'",
+        }
+        for sql, message in cases.items():
+            with pytest.raises(adbc_manager.Error, match=message) as caught:
+                cursor.execute(sql)
+            if sql != "SELECT * FROM missing":
+                assert "INVALID_ARGUMENT" in str(caught.value) or "InvalidArgument" in str(caught.value), caught.value
+        with pytest.raises(adbc_manager.NotSupportedError, match="read-only"):
+            cursor.adbc_ingest("orders", pa.table({"id": [1]}), mode="append")
+        with pytest.raises(adbc_manager.Error, match="2 parameter\\(s\\); 1 were bound"):
+            cursor.execute("SELECT * FROM orders WHERE id = ? AND day = ?", parameters=(1,))
+        with pytest.raises(adbc_manager.Error, match="parameter 1.*not supported"):
+            cursor.execute("SELECT * FROM orders WHERE id = ?", parameters=([1, 2],))
+        with pytest.raises(adbc_manager.Error, match="(?i)could not convert string 'abc'"):
+            cursor.execute("SELECT * FROM orders WHERE id = ?", parameters=("abc",))
+        with pytest.raises(adbc_manager.Error, match="max_rows=2000"):  # the gateway's cap
+            cursor.execute("SELECT * FROM orders")
+            cursor.fetch_arrow_table()
+
+
+def test_adbc_over_tls_and_expired_or_forged_sessions_are_unauthenticated(gateways):
+    import time
+
+    from adbc_driver_flightsql import DatabaseOptions
+
+    from speedlayer.config import GatewayConfig
+    from speedlayer.gateway.flight_sql.auth import SessionTokens
+
+    ca = {DatabaseOptions.TLS_ROOT_CERTS.value: open(gateways["ca"]).read()}
+    with _connect(gateways["tls"], scheme="grpc+tls", **ca) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT count(*) AS n FROM orders WHERE day = ?", parameters=("2024-01-03",))
+        assert cursor.fetchall() == [(1000,)]
+    with pytest.raises(adbc_manager.Error):  # a plain client cannot talk to the TLS port
+        with _connect(gateways["tls"]) as conn, conn.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM orders")
+    # Sessions signed as this gateway signs them (the tenant's token is the key), one an hour past
+    # its expiry and one for the wrong token, presented by the driver as its bearer header.
+    config = GatewayConfig(host="127.0.0.1", port=0, etcd=None, tokens=dict(TOKENS))  # type: ignore[arg-type]
+    expired = SessionTokens(config, clock=lambda: time.time() - 9 * 3600).issue("acme")
+    forged = SessionTokens(dataclasses.replace(config, tokens={"acme": "guessed"})).issue("acme")
+    for bearer, message in ((expired, "session of tenant 'acme' expired"), (forged, "bearer token is not valid")):
+        header = {DatabaseOptions.AUTHORIZATION_HEADER.value: f"Bearer {bearer}"}
+        with pytest.raises(adbc_manager.Error, match=f"UNAUTHENTICATED.*{message}"):
+            with adbc_flightsql.connect(f"grpc://{gateways['plain']}", db_kwargs=header, autocommit=True) as conn, \
+                    conn.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM orders")
+
+
+def test_adbc_with_a_client_certificate_where_the_gateway_requires_one_and_its_deadline(gateways):
+    from adbc_driver_flightsql import DatabaseOptions
+
+    tls = {DatabaseOptions.TLS_ROOT_CERTS.value: open(gateways["ca"]).read()}
+    client_cert = {DatabaseOptions.MTLS_CERT_CHAIN.value: open(gateways["cert"]).read(),
+                   DatabaseOptions.MTLS_PRIVATE_KEY.value: open(gateways["key"]).read()}
+    with _connect(gateways["mtls"], scheme="grpc+tls", **tls, **client_cert) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM orders")
+        assert cursor.fetchall() == [(3000,)]
+        with pytest.raises(adbc_manager.Error, match=r"TIMEOUT.*exceeded its deadline of \d+ ms"):  # interrupted on the worker
+            cursor.execute("SELECT count(*) FROM orders a, orders b, orders c "
+                           "WHERE (a.id * 7 + b.id * 3 + c.id) % 1000003 = 17")
+    with pytest.raises(adbc_manager.Error):  # no client certificate: the TLS handshake fails
+        with _connect(gateways["mtls"], scheme="grpc+tls", **tls) as conn, conn.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM orders")

@@ -1,0 +1,325 @@
+"""The gateway's Flight SQL pieces without servers: command decoding, statement analysis and
+parameter binding, session tokens, metadata tables, and the errors a client gets for bad input
+(malformed commands, unknown handles, wrong parameters, a dataset with no READY epoch)."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from google.protobuf import any_pb2
+
+from speedlayer.api import flight_sql_pb2 as sql_pb2
+from speedlayer.config import ConfigError, GatewayConfig, load_gateway_config
+from speedlayer.errors import (
+    InvalidQueryError, InvalidRequestError, NotFoundError, ReplicaUnavailableError, UnauthenticatedError,
+)
+from speedlayer.gateway.flight_sql import catalog
+from speedlayer.gateway.flight_sql.auth import SessionTokens, call_tenant
+from speedlayer.gateway.flight_sql.messages import ReadOnlyError, UnsupportedCommandError, pack, unpack
+from speedlayer.gateway.flight_sql.parameters import parameter_literals
+from speedlayer.gateway.flight_sql.service import FlightSqlService, parameter_schema
+from speedlayer.gateway.flight_sql.statements import LIMIT_HINT, PendingResults, PreparedStatements, analyse
+from speedlayer.gateway.routing import ReplicaEndpoint, Route
+from speedlayer.gateway.server import authenticate, colocated
+from speedlayer.protocol.query import HEADERS_MIDDLEWARE
+
+pytestmark = pytest.mark.unit
+
+
+def _config(**kwargs) -> GatewayConfig:
+    from danube_core.etcd_settings import EtcdSettings
+
+    return GatewayConfig(host="127.0.0.1", port=0, etcd=EtcdSettings("127.0.0.1:2379"),
+                         tokens={"acme": "s3cret"}, **kwargs)
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+
+def test_malformed_and_refused_commands_get_clear_errors():
+    with pytest.raises(InvalidRequestError, match="not a Flight SQL command"):
+        unpack(b"\xff\xff\xff", "GetFlightInfo")
+    with pytest.raises(InvalidRequestError, match="type URL 'type.googleapis.com/other.Message'"):
+        unpack(any_pb2.Any(type_url="type.googleapis.com/other.Message").SerializeToString(), "GetFlightInfo")
+    update = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandStatementUpdate")
+    with pytest.raises(ReadOnlyError, match="read-only") as refused:
+        unpack(update.SerializeToString(), "GetFlightInfo")
+    assert refused.value.status_name == "UNIMPLEMENTED"
+    keys = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandGetXdbcTypeInfo")
+    with pytest.raises(UnsupportedCommandError, match="CommandGetXdbcTypeInfo is not supported"):
+        unpack(keys.SerializeToString(), "GetFlightInfo")
+    broken = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandStatementQuery",
+                         value=b"\x0a\x05ab")  # a string field cut short
+    with pytest.raises(InvalidRequestError, match="malformed CommandStatementQuery"):
+        unpack(broken.SerializeToString(), "GetFlightInfo")
+    query = unpack(pack(sql_pb2.CommandStatementQuery(query="SELECT 1")), "GetFlightInfo")
+    assert isinstance(query, sql_pb2.CommandStatementQuery) and query.query == "SELECT 1"
+
+
+def test_type_urls_are_flight_sqls():
+    packed = any_pb2.Any.FromString(pack(sql_pb2.TicketStatementQuery(statement_handle=b"h")))
+    assert packed.type_url == "type.googleapis.com/arrow.flight.protocol.sql.TicketStatementQuery"
+
+
+# ---- statements and parameters ---------------------------------------------------------------
+
+
+def test_analyse_finds_datasets_parameters_and_cuts_the_tenants_qualifiers():
+    statement = analyse('SELECT o.id FROM speedlayer.acme."orders" o WHERE day = ? AND amount < ? LIMIT ?', "acme")
+    assert statement.datasets == ("orders",) and statement.parameter_count == 3
+    assert statement.parameter_hints == ("day", "amount", LIMIT_HINT)
+    assert statement.render(("'d'", "1.5", "3")) == \
+        'SELECT o.id FROM "orders" AS "o" WHERE day = \'d\' AND amount < 1.5 LIMIT 3'
+    with_cte = analyse("WITH recent AS (SELECT * FROM orders WHERE id > $1) SELECT count(*) FROM recent", "acme")
+    assert with_cte.datasets == ("orders",) and with_cte.render(("7",)).endswith("id > 7) SELECT count(*) FROM recent")
+    numbered = analyse("SELECT * FROM orders WHERE day = $2 AND id = $1", "acme")
+    assert numbered.render(("7", "'d'")) == "SELECT * FROM orders WHERE day = 'd' AND id = 7"
+    assert numbered.parameter_hints == ("id", "day")
+    assert analyse("SELECT 'é', id FROM acme.orders WHERE id = ?", "acme").render(("1",)) == \
+        "SELECT 'é', id FROM \"orders\" WHERE id = 1"  # byte offsets after a non-ASCII character
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("INSERT INTO orders VALUES (1)", "SELECT"),
+    ("SELECT 1; SELECT 2", "expected one SELECT statement"),
+    ("SELECT * FROM other.orders", "'other.orders'"),
+    ("SELECT * FROM read_parquet('/etc/x')", "table function read_parquet"),
+    ("SELECT * FROM orders WHERE id = $2", "numbered from \\$1"),
+    ("SELEC 1", "syntax error"),
+])
+def test_analyse_refuses(sql, message):
+    with pytest.raises(InvalidQueryError, match=message):
+        analyse(sql, "acme")
+
+
+def test_a_statement_is_routed_by_its_first_dataset_and_joins_the_others():
+    assert analyse("SELECT * FROM orders JOIN items USING (id)", "acme").targets() == ("items", ("orders",))
+    with pytest.raises(InvalidQueryError, match="names no dataset"):
+        analyse("SELECT 1", "acme").targets()
+
+
+def test_a_join_runs_only_on_a_worker_holding_every_dataset():
+    def route(dataset: str, *workers: str) -> Route:
+        return Route("acme", dataset, f"{dataset}-e1", 1, tuple(ReplicaEndpoint(w, f"{w}:1") for w in workers))
+
+    joint = colocated([route("items", "w2", "w1", "w3"), route("orders", "w1", "w2")])
+    assert [r.worker for r in joint.replicas] == ["w2", "w1"] and joint.epoch == "items-e1"
+    with pytest.raises(InvalidQueryError, match="datasets items, orders: no worker holds READY replicas of all of "
+                                                "them \\(items \\(epoch items-e1\\) on w1; orders \\(epoch "
+                                                "orders-e1\\) on w2, w3\\)"):
+        colocated([route("items", "w1"), route("orders", "w2", "w3")])
+
+
+def test_parameters_become_typed_literals_and_bad_ones_are_refused():
+    batch = pa.record_batch({
+        "i": [7], "s": ["it's"], "f": [0.25], "b": [True], "d": [datetime.date(2024, 1, 2)],
+        "t": pa.array([datetime.datetime(2024, 1, 2, 3, 4, 5)], pa.timestamp("us")), "n": pa.array([None], pa.int64()),
+        "x": [b"\x00\xff"], "m": pa.array([decimal.Decimal("1.50")], pa.decimal128(5, 2)),
+    })
+    assert parameter_literals(batch, 9) == (
+        "CAST(7 AS BIGINT)", "CAST('it''s' AS VARCHAR)", "CAST(0.25 AS DOUBLE)", "CAST(TRUE AS BOOLEAN)",
+        "CAST('2024-01-02' AS DATE)", "CAST('2024-01-02 03:04:05' AS TIMESTAMP)", "NULL",
+        "CAST('\\x00\\xFF' AS BLOB)", "CAST('1.50' AS DECIMAL(5, 2))")
+    with pytest.raises(InvalidRequestError, match="takes 2 parameter\\(s\\); 1 were bound"):
+        parameter_literals(pa.record_batch({"a": [1]}), 2)
+    with pytest.raises(InvalidRequestError, match="one row of parameters"):
+        parameter_literals(pa.record_batch({"a": [1, 2]}), 1)
+    with pytest.raises(InvalidRequestError, match="parameter 1 \\('a'\\): type list<item: int64> is not supported"):
+        parameter_literals(pa.record_batch({"a": [[1]]}), 1)
+
+
+def test_parameter_schema_types_parameters_by_the_columns_they_meet():
+    columns = pa.schema([("id", pa.int64()), ("day", pa.string())])
+    statement = analyse("SELECT * FROM orders WHERE id = ? AND day IN (?, ?) AND ? + 1 > 2 LIMIT ?", "acme")
+    assert parameter_schema(statement, columns).types == [pa.int64(), pa.string(), pa.string(), pa.string(), pa.int64()]
+
+
+def test_prepared_statements_and_pending_results_are_per_tenant_and_expire():
+    prepared = PreparedStatements(idle_s=60)
+    handle = prepared.create("acme", analyse("SELECT * FROM orders", "acme"))
+    assert prepared.get("acme", handle).tenant == "acme"
+    with pytest.raises(NotFoundError, match="unknown prepared statement handle"):
+        prepared.get("other", handle)
+    prepared.close("other", handle)  # another tenant's close leaves it open
+    prepared.close("acme", handle)
+    prepared.close("acme", handle)  # idempotent
+    with pytest.raises(NotFoundError, match="unknown prepared statement handle"):
+        prepared.get("acme", handle)
+    pending = PendingResults(ttl_s=60, capacity=1)
+    key = pending.put("acme", pa.schema([]), iter([]))
+    with pytest.raises(Exception, match="waiting to be read"):
+        pending.put("acme", pa.schema([]), iter([]))
+    with pytest.raises(NotFoundError, match="unknown statement handle"):
+        pending.take("other", key)
+    pending.take("acme", key)
+    with pytest.raises(NotFoundError, match="read once"):
+        pending.take("acme", key)
+
+
+# ---- sessions --------------------------------------------------------------------------------
+
+
+def test_session_tokens_name_their_tenant_expire_and_die_with_the_tenants_token():
+    now = [1000.0]
+    sessions = SessionTokens(_config(flight_sql_session_ttl_s=60), clock=lambda: now[0])
+    sessions.check_password("acme", "s3cret")
+    for tenant, password, message in (("acme", "nope", "wrong password"), ("a b", "x", "not a tenant id")):
+        with pytest.raises(UnauthenticatedError, match=message):
+            sessions.check_password(tenant, password)
+    token = sessions.issue("acme")
+    assert sessions.verify(token) == "acme"
+    assert call_tenant({"authorization": f"Bearer {token}"}, sessions, authenticate) == "acme"
+    with pytest.raises(UnauthenticatedError, match="not valid"):
+        sessions.verify(token[:-2] + ("AA" if not token.endswith("AA") else "BB"))
+    rotated = SessionTokens(_config(flight_sql_session_ttl_s=60), clock=lambda: now[0])
+    rotated.config.tokens["acme"] = "new-token"
+    with pytest.raises(UnauthenticatedError, match="not valid"):
+        rotated.verify(token)
+    now[0] += 61
+    with pytest.raises(UnauthenticatedError, match="session of tenant 'acme' expired"):
+        sessions.verify(token)
+    assert sessions.verify(token, allow_expired=True) == "acme"
+    with pytest.raises(UnauthenticatedError, match="no credentials"):
+        call_tenant({}, sessions, authenticate)
+    with pytest.raises(UnauthenticatedError, match="not a session token"):
+        call_tenant({"authorization": "Bearer s3cret"}, sessions, authenticate)
+
+
+def test_gateway_tls_settings_are_checked_up_front(tmp_path):
+    config = tmp_path / "gateway.yaml"
+    config.write_text("gateway: {tls_cert_file: /c.pem}\n")
+    with pytest.raises(ConfigError, match="tls_cert_file and gateway.tls_key_file go together"):
+        load_gateway_config(str(config), environ={})
+    config.write_text("gateway: {tls_client_ca_file: /ca.pem}\n")
+    with pytest.raises(ConfigError, match="tls_client_ca_file needs"):
+        load_gateway_config(str(config), environ={})
+    config.write_text("gateway: {tls_cert_file: /c.pem, tls_key_file: /k.pem, flight_sql_session_ttl_seconds: 60}\n")
+    loaded = load_gateway_config(str(config), environ={})
+    assert loaded.tls and loaded.flight_sql_session_ttl_s == 60
+
+
+# ---- metadata --------------------------------------------------------------------------------
+
+
+def test_metadata_tables_have_flight_sqls_schemas_and_filters():
+    info = catalog.sql_info([0, 3, 8, 99999], "1.2.3", 30_000)
+    assert info.schema == catalog.SQL_INFO_SCHEMA
+    assert info.to_pylist() == [{"info_name": 0, "value": catalog.SERVER_NAME}, {"info_name": 3, "value": True},
+                                {"info_name": 8, "value": 0}]
+    datasets = [catalog.DatasetTable("orders", pa.schema([("id", pa.int64())])), catalog.DatasetTable("items", None)]
+    tables = catalog.tables("acme", datasets, catalog=None, schema_pattern="ac%", table_pattern="or_ers",
+                            table_types=[], include_schema=True)
+    assert tables.column("table_name").to_pylist() == ["orders"]
+    assert pa.ipc.read_schema(pa.py_buffer(tables.column("table_schema")[0].as_py())).names == ["id"]
+    assert catalog.tables("acme", datasets, catalog="elsewhere", schema_pattern=None, table_pattern=None,
+                          table_types=[], include_schema=False).num_rows == 0
+    assert catalog.tables("acme", datasets, catalog=None, schema_pattern=None, table_pattern=None,
+                          table_types=["VIEW"], include_schema=False).num_rows == 0
+    assert catalog.db_schemas("acme", None, "other").num_rows == 0
+    assert catalog.like("a\\_b", "a_b") and not catalog.like("a\\_b", "axb")
+
+
+# ---- the service's errors, with a fake gateway -----------------------------------------------
+
+
+class _Middleware:
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers = headers
+
+
+class _Context:
+    def __init__(self, headers: dict[str, str]) -> None:
+        self._headers = _Middleware(headers)
+
+    def get_middleware(self, name: str) -> _Middleware | None:
+        return self._headers if name == HEADERS_MIDDLEWARE else None
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5000"
+
+
+class _NoReadyRouting:
+    def route(self, tenant: str, dataset: str, client_id: str, epoch: str | None = None):
+        raise ReplicaUnavailableError(f"dataset {dataset!r} of tenant {tenant!r} has no READY replica yet")
+
+    def datasets(self, tenant: str) -> list[str]:
+        return ["orders"]
+
+
+class _FakeGateway:
+    def __init__(self) -> None:
+        self.config = _config()
+        self.routing = _NoReadyRouting()
+
+    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=()) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        return self.routing.route(tenant, dataset, client_id, epoch)
+
+    def relay(self, batches, tenant, started, context):
+        return batches
+
+
+def _service_and_context() -> tuple[FlightSqlService, _Context]:
+    service = FlightSqlService(_FakeGateway(), authenticate)
+    token = service.sessions.issue("acme")
+    return service, _Context({"authorization": f"Bearer {token}"})
+
+
+def _descriptor(message) -> flight.FlightDescriptor:
+    return flight.FlightDescriptor.for_command(pack(message))
+
+
+def test_service_errors_carry_flight_sqls_status_codes():
+    service, context = _service_and_context()
+    with pytest.raises(flight.FlightUnavailableError, match="no READY replica yet"):  # retryable
+        service.get_flight_info(context, _descriptor(sql_pb2.CommandStatementQuery(query="SELECT * FROM orders")))
+    with pytest.raises(pa.ArrowInvalid, match="not a Flight SQL command"):
+        service.get_flight_info(context, flight.FlightDescriptor.for_command(b"\x01garbage"))
+    with pytest.raises(pa.ArrowInvalid, match="prepare it"):
+        service.get_flight_info(context, _descriptor(sql_pb2.CommandStatementQuery(query="SELECT * FROM orders WHERE id = ?")))
+    with pytest.raises(pa.ArrowKeyError, match="unknown prepared statement handle"):
+        service.get_flight_info(context, _descriptor(sql_pb2.CommandPreparedStatementQuery(
+            prepared_statement_handle=b"nope")))
+    with pytest.raises(pa.ArrowKeyError, match="unknown statement handle"):
+        service.do_get(context, pack(sql_pb2.TicketStatementQuery(statement_handle=b"nope")))
+    with pytest.raises(pa.ArrowNotImplementedError, match="read-only"):
+        service.do_action(context, flight.Action("BeginTransaction", b""))
+    with pytest.raises(pa.ArrowNotImplementedError, match="read-only"):
+        service.get_flight_info(context, _descriptor(sql_pb2.CommandStatementQuery(query="SELECT 1",
+                                                                                   transaction_id=b"t")))
+    with pytest.raises(flight.FlightUnauthenticatedError, match="no credentials"):
+        service.get_flight_info(_Context({}), _descriptor(sql_pb2.CommandGetCatalogs()))
+    # GetTables lists a dataset with no READY epoch, with an empty schema.
+    info = service.get_flight_info(context, _descriptor(sql_pb2.CommandGetTables(include_schema=True)))
+    ticket = info.endpoints[0].ticket.ticket
+    assert service.pending.take("acme", unpack(ticket, "t").statement_handle)[0] == catalog.TABLES_WITH_SCHEMA_SCHEMA
+
+
+def test_query_tickets_carry_joined_datasets_and_the_guard_admits_only_those():
+    from speedlayer.protocol.query import QueryRequest
+    from speedlayer.worker.sql_guard import check_query
+
+    request = QueryRequest("items", "SELECT 1", epoch="e1", joined=(("orders", "e2"),))
+    assert QueryRequest.from_ticket(request.to_ticket()) == request
+    assert b"joined" not in QueryRequest("items", "SELECT 1").to_ticket()  # the native ticket, unchanged
+    with pytest.raises(InvalidRequestError, match="'joined' must map dataset -> epoch"):
+        QueryRequest.from_ticket(b'{"dataset": "items", "sql": "SELECT 1", "joined": ["orders"]}')
+    check_query("SELECT * FROM items JOIN orders USING (id)", "items", ("orders",))
+    with pytest.raises(InvalidQueryError, match="it reads 'orders'"):
+        check_query("SELECT * FROM items JOIN orders USING (id)", "items")
+
+
+def test_statements_differing_only_in_filter_literals_share_a_shape():
+    def shape(sql: str) -> str:
+        return analyse(sql, "acme").shape
+
+    assert shape("SELECT * FROM orders WHERE id = 5 AND day = 'a' LIMIT 10") == \
+        shape("SELECT *  FROM orders WHERE id = 61234 AND day = 'bbb' LIMIT 3")
+    assert shape("SELECT day, count(*) FROM orders GROUP BY day HAVING count(*) > 1") == \
+        shape("SELECT day, count(*) FROM orders GROUP BY day HAVING count(*) > 100")
+    assert shape("SELECT 5 AS x FROM orders") != shape("SELECT 5000000000 AS x FROM orders")  # INTEGER vs BIGINT
+    assert shape("SELECT id FROM orders WHERE id = 5") != shape("SELECT day FROM orders WHERE id = 5")
