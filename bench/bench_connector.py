@@ -1,5 +1,8 @@
 """The `danube` Spark source against Spark's own Parquet reader and the Python data source ceiling.
 
+Why one module of ~550 lines: a benchmark is read as one script, from the data it writes to
+the table it prints; what all benchmarks share is `bench/common.py`.
+
 One run, the same rows (`--messages` messages with 100-byte payloads in one sealed topic, as
 `.dnb1` objects of 250,000 messages on local files, descriptors in a real etcd):
 
@@ -48,7 +51,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
 from common import (  # noqa: E402
-    Column, Timing, drain_timed, machine_info, print_table, profile_top, run_in_workdir, timed, tree_cpu_s,
+    Column, Timing, drain_timed, local_delta_builder, machine_info, print_table, profile_top, run_in_workdir,
+    timed, tree_cpu_s,
     write_results,
 )
 from broker.uploader import INDEX_EVERY_FRAMES  # noqa: E402
@@ -374,18 +378,11 @@ def start_spark(warehouse: Path):
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR.parent), str(BENCH_DIR),
                                                              os.environ.get("PYTHONPATH")]))
     from delta import configure_spark_with_delta_pip
-    from pyspark.sql import SparkSession
 
     import connectors
     from passthrough_source import PassthroughDataSource
 
-    builder = (SparkSession.builder.master("local[2]").appName("bench-connector")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.default.parallelism", "2")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.warehouse.dir", str(warehouse))
-               .config("spark.databricks.delta.snapshotPartitions", "2")
-               .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-               .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+    builder = local_delta_builder("bench-connector", warehouse)
     spark = configure_spark_with_delta_pip(builder).getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     connectors.register(spark)

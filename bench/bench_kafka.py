@@ -1,5 +1,8 @@
 """`format("danube")` -> Delta against Spark's Kafka source -> Delta and Spark's Parquet -> Delta.
 
+Why one module of ~530 lines: a benchmark is read as one script, from the setup of each
+system to the table it prints; what all benchmarks share is `bench/common.py`.
+
 The tool our users would otherwise pick is Spark's Kafka source (`spark-sql-kafka-0-10`, of
 the running Spark's version, through `spark.jars.packages`). One run, the same messages
 (`--messages` messages with 100-byte payloads and one or two attributes/headers):
@@ -79,7 +82,9 @@ import bench_connector as data  # noqa: E402  (the danube topic's frames, object
 import jfr_profile  # noqa: E402
 import pyspy_profile  # noqa: E402
 import stream_overhead  # noqa: E402
-from common import Column, machine_info, print_table, run_in_workdir, timed, tree_cpu_s, write_results  # noqa: E402
+from common import (  # noqa: E402
+    Column, local_delta_builder, machine_info, print_table, run_in_workdir, timed, tree_cpu_s, write_results,
+)
 from kafka_server import KAFKA_VERSION, KafkaNode, fetch_kafka_jars  # noqa: E402
 
 TOPIC_1, TOPIC_4 = data.MAIN_TOPIC, [f"/bench/orders4-part-{p}" for p in range(4)]
@@ -188,17 +193,10 @@ def start_spark(warehouse: Path, python_exec: Path | None = None):
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR.parent), os.environ.get("PYTHONPATH")]))
     import pyspark
     from delta import configure_spark_with_delta_pip
-    from pyspark.sql import SparkSession
 
     import connectors
 
-    builder = (SparkSession.builder.master("local[2]").appName("bench-kafka")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.default.parallelism", "2")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.warehouse.dir", str(warehouse))
-               .config("spark.databricks.delta.snapshotPartitions", "2")
-               .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-               .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+    builder = local_delta_builder("bench-kafka", warehouse)
     if python_exec is not None:  # pyspark takes its workers' (and a stream source's) python from the env
         os.environ["PYSPARK_PYTHON"] = str(python_exec)
         builder = builder.config("spark.pyspark.python", str(python_exec))

@@ -171,6 +171,20 @@ def write_results(name: str, report: Mapping[str, Any]) -> Path:
     return path
 
 
+def local_delta_builder(app_name: str, warehouse: Path):
+    """A `local[2]` SparkSession builder with Delta Lake, two partitions everywhere and no UI: the
+    session every Spark benchmark measures in (finish it with `configure_spark_with_delta_pip`)."""
+    from pyspark.sql import SparkSession
+
+    return (SparkSession.builder.master("local[2]").appName(app_name)
+            .config("spark.sql.shuffle.partitions", "2").config("spark.default.parallelism", "2")
+            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.warehouse.dir", str(warehouse))
+            .config("spark.databricks.delta.snapshotPartitions", "2")
+            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+
+
 def run_in_workdir(prefix: str, run: Callable[[Path], dict[str, Any]], *, keep: bool = False) -> dict[str, Any]:
     """`run(work)` in a fresh temporary directory (removed unless `keep`), its result with the
     load average at the start and the total wall time: what every benchmark reports beside its cases."""

@@ -21,13 +21,14 @@ import base64
 import glob
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
+
+from devstack.ports import stop_process
 
 KAFKA_VERSION = "4.1.2"
 SCALA_BINARY = "2.13"
@@ -163,13 +164,8 @@ class KafkaNode:
         raise KafkaServerError(f"Kafka did not listen on {self.bootstrap} within {START_TIMEOUT_S:.0f} s")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc, 60.0)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "KafkaNode":

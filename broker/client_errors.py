@@ -8,29 +8,24 @@ retry (a topic that moved, or was just created), every other code is reported to
 
 from __future__ import annotations
 
-from danube_core.errors import DanubeError
+from danube_core import errors as status
+from danube_core.errors import StatusError
 
 
-class ClientError(DanubeError):
+class ClientError(StatusError):
     """Base: a request that cannot be served; `status_name` is a `grpc.StatusCode` name."""
 
-    status_name = "INTERNAL"
 
-
-class InvalidRequestError(ClientError):
+class InvalidRequestError(ClientError, status.InvalidRequestError):
     """Malformed request: invalid topic name, missing field, unknown subscription type."""
-
-    status_name = "INVALID_ARGUMENT"
 
 
 class MessageTooLargeError(InvalidRequestError):
     """Payload above the topic's `max_message_size` policy; nothing was stored."""
 
 
-class NotFoundError(ClientError):
+class NotFoundError(ClientError, status.NotFoundError):
     """Unknown namespace, topic, producer, consumer or subscription."""
-
-    status_name = "NOT_FOUND"
 
 
 class AlreadyExistsError(ClientError):
@@ -39,21 +34,14 @@ class AlreadyExistsError(ClientError):
     status_name = "ALREADY_EXISTS"
 
 
-class ConflictError(ClientError):
+class ConflictError(ClientError, status.FailedPreconditionError):
     """The request contradicts the current state: an Exclusive subscription held by another
     consumer, a producer asking for another dispatch strategy than the topic has."""
 
-    status_name = "FAILED_PRECONDITION"
 
-
-class LimitExceededError(ClientError):
+class LimitExceededError(ClientError, status.ResourceExhaustedError):
     """A namespace policy limit (producers, subscriptions, consumers) is reached."""
 
-    status_name = "RESOURCE_EXHAUSTED"
 
-
-class TopicMovedError(ClientError):
+class TopicMovedError(ClientError, status.UnavailableError):
     """The topic is not served here (moved, unloading, or not assigned yet): look it up again."""
-
-    status_name = "UNAVAILABLE"
-    retriable = True

@@ -116,13 +116,8 @@ class ClusterMembership:
         self._events.put(None)
         for thread in self._threads:
             thread.join(timeout=10.0)
-        if self._keep_alive is not None:
-            self._keep_alive.stop()
         if self._lease is not None:
-            try:
-                self._lease.revoke()
-            except DanubeError as exc:
-                logger.warning("revoking the registration lease of broker %d failed: %s", self.broker_id, exc)
+            self._lease.release(self._keep_alive, f"broker {self.broker_id}'s registration")
         logger.info("broker %d left the cluster", self.broker_id)
 
     def _start_thread(self, name: str, target: Callable[[], None]) -> None:

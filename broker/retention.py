@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from typing import Callable
 
 from danube_core.checkpoints import UploaderCheckpoint, read_checkpoint
 from danube_core.wal_files import WalSegment
 
+from broker.periodic import PeriodicTask
 from broker.wal import Wal
 
 logger = logging.getLogger(__name__)
@@ -52,8 +52,7 @@ class WalRetention:
         self._max_age_s = max_age_s
         self._max_total_bytes = max_total_bytes
         self._clock = clock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._task = PeriodicTask(f"wal-retention-{wal.topic}", self._logged_cycle)
 
     def run_once(self) -> list[str]:
         """One retention cycle; returns the paths it deleted."""
@@ -112,29 +111,17 @@ class WalRetention:
 
     def start(self, interval_s: float) -> None:
         """Run a cycle now and then every `interval_s` seconds in a daemon thread."""
-        if self._thread is not None:
-            raise RuntimeError(f"WAL retention for {self._wal.directory} is already running")
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._loop, args=(interval_s,), name=f"wal-retention-{self._wal.topic}", daemon=True
-        )
-        self._thread.start()
+        self._task.start(interval_s)
 
     def stop(self) -> None:
         """Stop the background thread (waits for a running cycle)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._task.stop()
 
-    def _loop(self, interval_s: float) -> None:
-        while True:
-            try:
-                self.run_once()
-            except Exception:  # a failed cycle (unreadable checkpoint, I/O) is retried next time
-                logger.exception("WAL retention cycle for %s failed", self._wal.directory)
-            if self._stop.wait(interval_s):
-                return
+    def _logged_cycle(self) -> None:
+        try:
+            self.run_once()
+        except Exception:  # a failed cycle (unreadable checkpoint, I/O) is retried next time
+            logger.exception("WAL retention cycle for %s failed", self._wal.directory)
 
 
 def _file_stats(segments: list[WalSegment]) -> dict[str, os.stat_result]:

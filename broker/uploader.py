@@ -45,6 +45,7 @@ from danube_core.topics import TopicName
 from danube_core.wal_files import DEFAULT_FILE_NAME, WalSegment, list_segments, scan_segment
 
 from broker.tiered_reader import DescriptorCatalog, pending_frame_bytes
+from broker.periodic import PeriodicTask
 from broker.wal import Wal
 
 logger = logging.getLogger(__name__)
@@ -261,8 +262,7 @@ class Uploader:
         self._taken_ids: set[str] = set()  # ids of objects that may exist without a descriptor
         self._corrupt: CorruptFrameError | None = None
         self._capped = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._task = PeriodicTask(f"uploader-{self._topic}", self._logged_cycles)
 
     @property
     def last_committed_offset(self) -> int | None:
@@ -423,30 +423,19 @@ class Uploader:
 
     def start(self) -> None:
         """Run a cycle now, then one every `interval_s`, on a daemon thread."""
-        if self._thread is not None:
-            raise RuntimeError(f"uploader for {self._topic} is already running")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name=f"uploader-{self._topic}",
-                                        daemon=True)
-        self._thread.start()
+        self._task.start(self._interval_s)
 
     def stop(self) -> None:
         """Stop the thread after its current cycle (no drain: see `drain`)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._task.stop()
 
-    def _loop(self) -> None:
-        while True:
-            try:
-                # A capped object leaves more to upload: go on without waiting for the timer.
-                while self.run_cycle() is not None and self._capped and not self._stop.is_set():
-                    pass
-            except DanubeError as exc:
-                log = logger.warning if exc.retriable else logger.error
-                log("upload cycle for %s failed: %s", self._topic, exc)
-            except Exception:  # keep the thread alive; the next cycle reconciles and retries
-                logger.exception("upload cycle for %s failed", self._topic)
-            if self._stop.wait(self._interval_s):
-                return
+    def _logged_cycles(self) -> None:
+        try:
+            # A capped object leaves more to upload: go on without waiting for the timer.
+            while self.run_cycle() is not None and self._capped and not self._task.stopping:
+                pass
+        except DanubeError as exc:
+            log = logger.warning if exc.retriable else logger.error
+            log("upload cycle for %s failed: %s", self._topic, exc)
+        except Exception:  # keep the thread alive; the next cycle reconciles and retries
+            logger.exception("upload cycle for %s failed", self._topic)

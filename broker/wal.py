@@ -1,5 +1,9 @@
 """The per-topic write-ahead log: offsets, batching, flushing, rotation, recovery (spec §1, §3).
 
+Why one module of ~520 lines: one `Wal` owns the file handles, the lock, the batch and the
+offsets (the single-writer rule); recovery, flushing, rotation and reading the unflushed tail
+all work on that one state, and the file format itself already lives in `danube_core.wal_files`.
+
 One `Wal` per reliable topic owns the topic's file handles (single writer). `append` gives a
 message the next offset, stamps it into `msg_id.topic_offset` (§2.6), encodes it and adds the
 frame to an in-memory batch; the batch reaches the file on `flush`, when it grows past

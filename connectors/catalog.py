@@ -5,14 +5,10 @@ objects and WAL frames — from etcd, object metadata and WAL directories, and h
 to the pure planner as `TopicSnapshot`s. Executors never use it.
 
 * Descriptors are read by key range from the padded start key (spec §5.2), never by scanning a
-  topic's whole history: the newest descriptor through the `cur` pointer, the one covering a
-  start offset from the previous snapshot or by a short search of the key space.
+  topic's whole history (`connectors.descriptor_reads`).
 * The WAL chain comes from `connectors.wal_scan` (owner's directory first, previous owners'
   when needed; incremental header scans from the uploader's resume point).
-* The latest offset is the largest of: the current run's last object's end + 1, the WAL
-  head, the sealed offset + 1 (a seal the current run restarted below does not count). A WAL
-  head below the last object's end means a real broker restarted the topic at offset 0
-  (§6.6): the WAL head is then the latest offset.
+* Where a topic ends (its latest offset, WAL chain, sealed state) is `connectors.topic_head`.
 * Offset reuse: once per topic (and again whenever `cur` stops moving forward), every
   descriptor is read and the topic's objects are listed, and `connectors.topic_runs` sorts
   them, the WAL runs and the sealed state into the current run and stale ones. Snapshots hold
@@ -30,11 +26,11 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 from typing import Iterable
 
-
+from connectors.descriptor_reads import DescriptorReader
 from connectors.snapshot import StoredObject, TopicSnapshot, WalRun
+from connectors.topic_head import TopicHead, TopicHeads
 from connectors.topic_runs import RunAudit, audit_runs, current_chain
 from connectors.unread_tail import UnreadTails
 from connectors.options import WAL_AUTO, WAL_NONE
@@ -49,8 +45,6 @@ from danube_core.topics import TopicName
 __all__ = ["TopicCatalog", "WAL_AUTO", "WAL_NONE"]  # the walRoot keywords, for options
 
 logger = logging.getLogger(__name__)
-PARSED_MEMO_SLACK, PARSED_MEMO_MIN = 4, 1024  # descriptors kept parsed: see TopicCatalog._parse
-
 
 
 class TopicCatalog:
@@ -74,20 +68,17 @@ class TopicCatalog:
         self._fail_on_data_loss = fail_on_data_loss
         self._wal = None if wal_root == WAL_NONE else WalFinder(wal_root, storage_url, storage_options)
         self._sizes: dict[str, int] = {}
-        self._parsed: dict[tuple[str, bytes], ObjectDescriptor] = {}  # see _parse
-        self._parsed_peak = 0  # the most rows one read returned
         self._stored_memo: dict[tuple[str, str], tuple[ObjectDescriptor, StoredObject]] = {}  # see _stored
-        self._spans: dict[str, list[tuple[int, int]]] = {}  # topic -> (start, end) last seen
+        self._descriptors = DescriptorReader(metadata, self._keys, on_memo_reset=self._stored_memo.clear)
         self._object_dirs: dict[TopicName, str] = {}
         self._audits: dict[str, RunAudit] = {}
         self._object_ranges: dict[str, int] = {}  # orphan object URL -> its last offset
-        self._unread = UnreadTails(self._cursors)
-        self._restarted: set[str] = set()  # topics whose `cur` went back: a new run, once audited
+        self._heads = TopicHeads(metadata, self._keys, self._descriptors, self._wal, UnreadTails(self._cursors),
+                                 self._audits, self._audit)
         # topic -> the lowest offset a stream reads it from (None: from its head); a topic not
         # here is read from anywhere (batch reads), so its run audit covers its whole history.
         self._read_from: dict[str, int | None] = {}
         self._audited_from: dict[str, int] = {}  # topic -> descriptor key its run audit starts at
-        self._heads: dict[str, TopicHead] | None = None  # this trigger's heads, once `hold_heads` is called
 
     # ---- topics ---------------------------------------------------------------------------
 
@@ -152,8 +143,7 @@ class TopicCatalog:
         for topic in map(_topic, topics):
             latest = self._head(topic, cluster).latest  # audits the topic's runs once
             audit = self._audits[str(topic)]
-            first_key = self._keys.object_key(topic, 0)
-            descriptors = self._parse(self._metadata.get_range(first_key, self._keys.cur_key(topic), limit=1))
+            descriptors = self._descriptors.first(topic)
             if descriptors and descriptors[0].object_id in audit.stale_ids():
                 descriptors = audit.current_descriptors[:1]
             if descriptors:
@@ -217,7 +207,7 @@ class TopicCatalog:
         audited = self._audited_from.get(name)
         if audited is not None and offset is not None and offset < audited:
             self._audits.pop(name, None)
-            self._forget_head(name)
+            self._heads.forget(name)
 
     # ---- snapshots ------------------------------------------------------------------------
 
@@ -263,9 +253,9 @@ class TopicCatalog:
             if from_offset >= last.start_offset:
                 objects = [last] if last.end_offset >= from_offset else []
                 # The next snapshot, after an upload, starts its key range here (no search).
-                self._spans[str(topic)] = [(last.start_offset, last.end_offset)]
+                self._descriptors.holding(topic, last)
             else:
-                objects = self._descriptors_from(topic, from_offset, stop)
+                objects = self._descriptors.overlapping(topic, from_offset, stop, audit)
         return TopicSnapshot(
             topic=str(topic),
             objects=[self._stored(topic, d) for d in objects],
@@ -287,61 +277,10 @@ class TopicCatalog:
         """Work out each topic's head at most once until the next call: a stream calls it once
         per trigger, so `latestOffset` and `partitions` plan from one view of each topic and
         its WAL is scanned once."""
-        self._heads = {}
+        self._heads.hold()
 
     def _head(self, topic: TopicName, cluster: ClusterView | None) -> TopicHead:
-        if self._heads is None:
-            return self._read_head(topic, cluster)
-        if str(topic) not in self._heads:
-            self._heads[str(topic)] = self._read_head(topic, cluster)
-        return self._heads[str(topic)]
-
-    def _read_head(self, topic: TopicName, cluster: ClusterView | None) -> TopicHead:
-        cur, above = self._descriptors_above_cur(topic)
-        raw = self._metadata.get(self._keys.state_key(topic))
-        sealed = SealedState.from_json(raw, self._keys.state_key(topic)) if raw is not None else None
-        sealed = sealed if sealed is not None and sealed.sealed else None
-        audit = self._audits.get(str(topic))
-        chain, stale_above = current_chain(above, cur)
-        if audit is not None and any(d.object_id not in audit.stale_ids() for d in stale_above):
-            audit = None  # an older run's descriptor the audit has not seen: audit again
-        if audit is not None and chain and not audit.continues(chain[-1]):
-            audit = None  # `cur` went back: a new run started since the audit
-            self._restarted.add(str(topic))
-        last = chain[-1] if chain else None
-        wal = self._wal_chain(topic, last, sealed, cluster)
-        restarted_at = None
-        if audit is None:
-            audit = self._audit(topic, sealed, wal)
-            if str(topic) in self._restarted and audit.current_first is not None:
-                restarted_at = audit.current_first
-                self._restarted.discard(str(topic))
-            last = audit.current_descriptors[-1] if audit.current_descriptors else None
-            wal = self._wal_chain(topic, last, sealed, cluster)
-        uploaded = last.end_offset + 1 if last is not None else 0
-        head = wal[-1].stop_offset if wal else None
-        if head is not None and head < uploaded:
-            logger.warning("WAL of %s ends at offset %d, below the uploaded offset %d: the topic was "
-                           "restarted at offset 0 (spec §6.6); its offsets went backwards",
-                           topic, head - 1, uploaded - 1)
-            return TopicHead(last, sealed, wal, head, restarted_at)
-        if audit.stale_seal is not None:
-            sealed = None  # the current run restarted below it: not an offset it will reach
-        candidates = [uploaded, head or 0, sealed.last_committed_offset + 1 if sealed else 0]
-        latest = max(candidates)
-        why = self._wal.unreachable.get(str(topic)) if self._wal is not None else None
-        return TopicHead(last, sealed, wal, latest, restarted_at, self._unread.note(str(topic), why, latest, audit))
-
-    def _wal_chain(self, topic: TopicName, last: ObjectDescriptor | None, sealed: SealedState | None,
-                   cluster: ClusterView | None) -> list[WalRun]:
-        if self._wal is None:
-            return []
-        uploaded = last.end_offset + 1 if last is not None else 0
-        return self._wal.chain(topic, uploaded, cluster, sealed.broker_id if sealed else None)
-
-    def _forget_head(self, topic: str) -> None:
-        if self._heads is not None:
-            self._heads.pop(topic, None)
+        return self._heads.head(topic, cluster)
 
     # ---- runs and unread tails ------------------------------------------------------------
 
@@ -349,7 +288,7 @@ class TopicCatalog:
         """The topic's run audit (current run, stale sources, reused offsets), made now."""
         topic = _topic(topic)
         self._audits.pop(str(topic), None)
-        self._forget_head(str(topic))
+        self._heads.forget(str(topic))
         self._head(topic, self._cluster())
         return self._audits[str(topic)]
 
@@ -363,8 +302,8 @@ class TopicCatalog:
             rows = self._metadata.get_range(self._keys.object_key(topic, floor), self._keys.cur_key(topic))
         else:
             rows = self._metadata.get_prefix(self._keys.objects_prefix(topic))
-        # Parsed outside `_parse`'s memo: a long history is audited once, and its descriptors
-        # must not stay in memory for the query's life (see `RunAudit.compact`).
+        # Parsed outside `DescriptorReader.parse`'s memo: a long history is audited once, and its
+        # descriptors must not stay in memory for the query's life (see `RunAudit.compact`).
         descriptors = [ObjectDescriptor.from_json(raw, key) for key, raw in rows
                        if keys.parse_object_key(key) is not None]
         del rows
@@ -425,103 +364,12 @@ class TopicCatalog:
                     continue
         return found
 
-    # ---- descriptors ----------------------------------------------------------------------
-
-    def _parse(self, rows: list[tuple[str, bytes]]) -> list[ObjectDescriptor]:
-        """Descriptors of the object keys among `rows`. A stream's trigger reads the same keys
-        twice (`latestOffset`, then `partitions`), and a backlog's are most of its planning
-        CPU, so parsed ones are kept by (key, stored bytes): a key written anew parses anew.
-        The memo is dropped once it outgrows the largest read several times over (keys
-        retention deleted or rewritten)."""
-        out = []
-        for key, raw in rows:
-            parsed = self._parsed.get((key, raw))
-            if parsed is None and keys.parse_object_key(key) is not None:
-                parsed = self._parsed[(key, raw)] = ObjectDescriptor.from_json(raw, key)
-            if parsed is not None:
-                out.append(parsed)
-        self._parsed_peak = max(self._parsed_peak, len(rows))
-        if len(self._parsed) > PARSED_MEMO_SLACK * self._parsed_peak + PARSED_MEMO_MIN:
-            self._parsed = {}
-            self._stored_memo = {}
-        return out
-
-    def _descriptors_above_cur(self, topic: TopicName) -> tuple[int | None, list[ObjectDescriptor]]:
-        """(`cur`'s start, the descriptors from `cur` on): usually one key, the newest upload."""
-        cur_key = self._keys.cur_key(topic)
-        raw = self._metadata.get(cur_key)
-        start_key = self._keys.objects_prefix(topic)
-        cur = None
-        if raw is not None:
-            cur = int(CurPointer.from_json(raw, cur_key).start)
-            start_key = self._keys.object_key(topic, cur)
-        descriptors = self._parse(self._metadata.get_range(start_key, cur_key))
-        if not descriptors and raw is not None:  # `cur` names a key that no longer exists
-            descriptors = self._parse(self._metadata.get_range(self._keys.objects_prefix(topic), cur_key))
-            cur = None
-        return cur, descriptors
-
-    def _descriptors_from(self, topic: TopicName, from_offset: int, stop: int) -> list[ObjectDescriptor]:
-        """Descriptors overlapping [from_offset, stop), in start order, read by key range.
-
-        The range starts at the descriptor that held `from_offset` in this catalog's previous
-        snapshot of the topic (a stream moves forward through it) when it still does, else at
-        the one `covering_start` finds.
-        """
-        stop_key = self._keys.object_key(topic, stop)
-        audit = self._audits.get(str(topic))
-        if audit is not None and not audit.clean:
-            # Stale keys sit between current ones: the current run comes from the audit, and
-            # only what was uploaded after it from etcd.
-            known = audit.current_descriptors
-            newer_from = known[-1].end_offset + 1 if known else 0
-            newer = self._parse(self._metadata.get_range(self._keys.object_key(topic, newer_from), stop_key))
-            audit.advance([d for d in newer if d.start_offset >= newer_from])
-            found = [d for d in audit.current_descriptors if d.start_offset < stop]
-        else:
-            hint = next((a for a, b in self._spans.get(str(topic), ()) if a <= from_offset <= b), None)
-            found = []
-            if hint is not None:
-                found = self._parse(self._metadata.get_range(self._keys.object_key(topic, hint), stop_key))
-            if not (found and found[0].start_offset == hint and found[0].end_offset >= from_offset):
-                start_key = self._keys.object_key(topic, self.covering_start(topic, from_offset))
-                found = self._parse(self._metadata.get_range(start_key, stop_key))
-        stale = audit.stale_ids() if audit is not None else set()
-        descriptors = [d for d in found if d.end_offset >= from_offset and d.object_id not in stale]
-        self._spans[str(topic)] = [(d.start_offset, d.end_offset) for d in descriptors]
-        return descriptors
+    # ---- descriptors and objects ---------------------------------------------------------
 
     def covering_start(self, topic: TopicName | str, offset: int) -> int:
-        """Start key of the descriptor holding `offset`: `offset` itself or the nearest key below.
-
-        etcd ranges only go forward, so the nearest key below is found by doubling a window
-        down from `offset` and then bisecting it with 1-key range reads (~2·log2 distance).
-        """
-        name = _topic(topic)
-
-        def first_key_in(lo: int, hi: int) -> int | None:
-            lo_key, hi_key = self._keys.object_key(name, lo), self._keys.object_key(name, hi)
-            rows = self._metadata.get_range(lo_key, hi_key, limit=1)
-            return keys.parse_object_key(rows[0][0]) if rows else None
-
-        if offset == 0:
-            return 0
-        width, found = 1, None
-        while found is None:
-            lo = max(0, offset - width)
-            found = first_key_in(lo, offset)
-            if found is None and lo == 0:
-                return offset
-            width *= 2
-        hi = offset
-        while found + 1 < hi:
-            mid = (found + 1 + hi) // 2
-            nxt = first_key_in(mid, hi)
-            if nxt is None:
-                hi = mid
-            else:
-                found = nxt
-        return found
+        """Start key of the descriptor holding `offset`: `offset` itself or the nearest key below
+        (a few 1-key range reads: `DescriptorReader.covering_start`)."""
+        return self._descriptors.covering_start(_topic(topic), offset)
 
     def _stored(self, topic: TopicName, d: ObjectDescriptor) -> StoredObject:
         """The object `d` describes, built once per parsed descriptor: a trigger plans the same
@@ -569,21 +417,6 @@ class TopicCatalog:
             except ObjectMissingError:
                 return fallback  # the executor reading it reports the loss
         return self._sizes[url]
-
-
-@dataclass(frozen=True)
-class TopicHead:
-    """Where a topic ends, worked out once per trigger (`hold_heads`): the newest descriptor of
-    its current run, its sealed state, the WAL chain to its head, the latest offset
-    (end-exclusive), the first offset of a new run found by this look (None if none) and the
-    tail an unreachable WAL holds (None if every WAL is read)."""
-
-    last: ObjectDescriptor | None
-    sealed: SealedState | None
-    wal: list[WalRun]
-    latest: int
-    restarted_at: int | None = None
-    unread_tail: dict | None = None
 
 
 def _topic(topic: TopicName | str) -> TopicName:

@@ -1,5 +1,9 @@
 """The `danube` data source options: one constant per key, parsed once into `DanubeOptions`.
 
+Why one module of ~470 lines: each option's constant and its parser stand side by side and
+`parse_options` reads them all into one frozen object; split, every new option would touch two
+modules (the value parsers already live apart, in `connectors.option_values`).
+
 Spark hands a Python data source its options with lower-cased keys, so every key below is
 matched case-insensitively. Parsing happens once, on the driver, when the data source is
 created (`spark.read/readStream ... .load()`): a malformed value raises `ConfigError` (a

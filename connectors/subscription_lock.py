@@ -177,8 +177,4 @@ class SubscriptionLock:
         return self._value
 
     def release(self) -> None:
-        self._keep_alive.stop()
-        try:
-            self._lease.revoke()
-        except DanubeError as exc:
-            logger.warning("could not release subscription lock %s (it expires in %ss): %s", self.key, LOCK_TTL_S, exc)
+        self._lease.release(self._keep_alive, f"subscription lock {self.key}")

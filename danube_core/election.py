@@ -24,7 +24,8 @@ import threading
 from collections.abc import Callable
 
 from danube_core.errors import DanubeError
-from danube_core.metadata import KeepAlive, Lease, MetadataStore, WatchHandle
+from danube_core.metadata import KeepAlive, Lease, MetadataStore
+from danube_core.watched_thread import WatchedThread
 
 logger = logging.getLogger(__name__)
 
@@ -63,14 +64,12 @@ class LeaseElection:
         self._keep_alive_interval_s = keep_alive_interval_s if keep_alive_interval_s is not None else ttl_s / 3.0
         self._label = label if label is not None else repr(candidate_id)
         self._on_elected, self._on_deposed = on_elected, on_deposed
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._lock = threading.Lock()
         self._lease: Lease | None = None
         self._keep_alive: KeepAlive | None = None
         self._leading = False
-        self._watch: WatchHandle | None = None
-        self._thread = threading.Thread(target=self._run, name=f"election-{key}", daemon=True)
+        self._loop = WatchedThread(f"election-{key}", self._run)
+        self._wake, self._stop = self._loop.wake_event, self._loop.stop_event
 
     @property
     def is_leader(self) -> bool:
@@ -81,24 +80,14 @@ class LeaseElection:
         return self._metadata.get(self._key)
 
     def start(self) -> None:
-        self._watch = self._metadata.watch_prefix(self._key, lambda event: self._wake.set())
-        self._thread.start()
+        self._loop.start(self._metadata, self._key)
 
     def stop(self) -> None:
         """Stop campaigning; a leader gives the key up at once so a follower takes over."""
-        self._stop.set()
-        self._wake.set()
-        if self._watch is not None:
-            self._watch.cancel()
-        self._thread.join(timeout=10.0)
+        self._loop.stop()
         self._step_down("shutting down")
-        if self._keep_alive is not None:
-            self._keep_alive.stop()
         if self._lease is not None:
-            try:
-                self._lease.revoke()
-            except DanubeError as exc:
-                logger.warning("revoking the lease of %s failed: %s", self._key, exc)
+            self._lease.release(self._keep_alive, self._key)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -121,6 +121,46 @@ class SubscriptionBusyError(MetadataError):
     retriable = True
 
 
+class StatusError(DanubeError):
+    """Base of the errors a server answers with a gRPC status code: `status_name` is a
+    `grpc.StatusCode` name, so the logic raising them needs no gRPC import. The broker's client
+    errors (`broker.client_errors`) and the speed layer's (`speedlayer.errors`) derive from it and
+    from the per-code classes below; each server's gRPC layer turns them into statuses."""
+
+    status_name = "INTERNAL"
+
+
+class InvalidRequestError(StatusError):
+    """A malformed request: a missing or ill-formed field, an invalid name."""
+
+    status_name = "INVALID_ARGUMENT"
+
+
+class NotFoundError(StatusError):
+    """A request names something the server does not have."""
+
+    status_name = "NOT_FOUND"
+
+
+class FailedPreconditionError(StatusError):
+    """A well-formed request that cannot be served as things are."""
+
+    status_name = "FAILED_PRECONDITION"
+
+
+class ResourceExhaustedError(StatusError):
+    """A limit is reached: a policy, a quota, a result size."""
+
+    status_name = "RESOURCE_EXHAUSTED"
+
+
+class UnavailableError(StatusError):
+    """Not served here or not now; worth retrying (elsewhere, after a look-up)."""
+
+    status_name = "UNAVAILABLE"
+    retriable = True
+
+
 # `module.Class: message` as Python prints an exception, e.g. in the traceback text Spark
 # carries across the JVM in a StreamingQueryException.
 _PRINTED_ERROR = re.compile(r"\b((?:danube_core|connectors|pipelines|broker)(?:\.\w+)+): ")

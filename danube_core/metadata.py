@@ -203,6 +203,16 @@ class Lease(ABC):
         """Refresh in the background, by default every third of the TTL."""
         return KeepAlive(self, interval_s if interval_s is not None else self.ttl_s / 3.0, on_lost)
 
+    def release(self, keep_alive: KeepAlive | None, what: str) -> None:
+        """Stop `keep_alive` (this lease's, if any), then revoke: `what` (the lease's purpose, for
+        the log) ends now. A failed revoke is logged, not raised: the lease expires by itself."""
+        if keep_alive is not None:
+            keep_alive.stop()
+        try:
+            self.revoke()
+        except DanubeError as exc:
+            logger.warning("revoking the lease of %s failed (it expires within %ds): %s", what, self.ttl_s, exc)
+
     def _expired(self) -> MetadataError:
         return MetadataError(f"lease {self.id:x} (ttl {self.ttl_s}s) has expired; its keys are gone")
 

@@ -85,6 +85,13 @@ def list_of(inner: Converter) -> Converter:
     return convert
 
 
+def nested(record: "type[JsonRecord]") -> Converter:
+    """A field whose value is itself a record (read by the record's `from_value`)."""
+    def convert(value: Any, key: str, name: str) -> Any:
+        return record.from_value(value, key)
+    return convert
+
+
 def _offset_pair(value: Any, key: str, name: str) -> tuple[int, int]:
     if not isinstance(value, list) or len(value) != 2:
         raise bad_value(key, name, "an [offset, byte_pos] pair", value)

@@ -13,7 +13,7 @@ from typing import Any
 
 from danube_core.errors import MetadataError
 from danube_core.records import (
-    Converter, JsonRecord, bad_value, boolean, dump_json, expect_object, list_of, one_of,
+    Converter, JsonRecord, bad_value, boolean, dump_json, expect_object, list_of, nested, one_of,
     optional, string, u32, u64,
 )
 
@@ -72,10 +72,6 @@ def _field(obj: dict, key: str, name: str, convert: Converter) -> Any:
     return convert(obj[name], key, name)
 
 
-def _schema_def(value: Any, key: str, name: str) -> SchemaDef:
-    return SchemaDef.from_value(value, key)
-
-
 @dataclass
 class SchemaVersion(JsonRecord):
     """`/schemas/{subject}/versions/{n}`: one registered schema version."""
@@ -91,14 +87,10 @@ class SchemaVersion(JsonRecord):
     tags: list[str] = field(default_factory=list)
 
     _fields = {
-        "version": u32, "schema_def": _schema_def, "fingerprint": string, "created_at": u64,
+        "version": u32, "schema_def": nested(SchemaDef), "fingerprint": string, "created_at": u64,
         "created_by": string, "description": string, "is_deprecated": boolean,
         "deprecation_message": optional(string), "tags": list_of(string),
     }
-
-
-def _schema_version(value: Any, key: str, name: str) -> SchemaVersion:
-    return SchemaVersion.from_value(value, key)
 
 
 @dataclass
@@ -119,7 +111,7 @@ class SchemaMetadata(JsonRecord):
         "id": u64, "subject": string, "latest_version": u32, "created_at": u64,
         "updated_at": u64, "created_by": string,
         "compatibility_mode": one_of("None", "Backward", "Forward", "Full"),
-        "topics_using": list_of(string), "versions": list_of(_schema_version),
+        "topics_using": list_of(string), "versions": list_of(nested(SchemaVersion)),
     }
 
 

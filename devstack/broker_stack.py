@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from danube_core.keys import REGISTER_PREFIX
 from danube_core.metadata_etcd import EtcdMetadataStore
 from devstack import REPO_ROOT
 from devstack.embedded_etcd import EmbeddedEtcd
-from devstack.ports import free_port, wait_for_port
+from devstack.ports import free_port, stop_process, wait_for_port
 
 logger = logging.getLogger(__name__)
 
@@ -112,14 +111,8 @@ class EmbeddedStack:
 
     def stop(self) -> None:
         """Stop the broker (SIGTERM, then SIGKILL after 20 s) and etcd."""
-        if self.broker is not None and self.broker.poll() is None:
-            self.broker.send_signal(signal.SIGTERM)
-            try:
-                self.broker.wait(20)
-            except subprocess.TimeoutExpired:
-                logger.warning("broker did not stop within 20s; killing it")
-                self.broker.kill()
-                self.broker.wait(10)
+        if self.broker is not None:
+            stop_process(self.broker, 20.0)
         self.broker = None
         if self.etcd is not None:
             self.etcd.stop()

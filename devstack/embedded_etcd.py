@@ -17,7 +17,7 @@ from typing import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devstack.ports import free_port, wait_for_port
+from devstack.ports import free_port, stop_process, wait_for_port
 
 logger = logging.getLogger(__name__)
 
@@ -116,12 +116,7 @@ class EmbeddedEtcd:
 
     def stop(self) -> None:
         """Stop the server; remove the data dir if this object created it."""
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        stop_process(self.process)
         self._log.close()
         if self._owns_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from devstack import REPO_ROOT
-from devstack.ports import free_port, wait_for_port
+from devstack.ports import free_port, stop_processes, wait_for_port
 
 
 class EmbeddedSpeedLayer:
@@ -120,13 +120,5 @@ class EmbeddedSpeedLayer:
     def stop(self) -> None:
         if self._client is not None:
             self._client.close()
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        stop_processes(self.processes.values())
         self.processes.clear()

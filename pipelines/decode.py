@@ -35,7 +35,7 @@ from danube_core.schema_records import SchemaVersion
 from pipelines.config import DecodeConfig
 from pipelines.expressions import ExpressionCache
 from pipelines.json_schema import JsonPayloadSchema, parse_json_schema
-from pipelines.schema_registry import SubjectSchemas
+from pipelines.subject_schemas import SubjectSchemas
 
 logger = logging.getLogger(__name__)
 

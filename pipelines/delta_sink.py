@@ -72,7 +72,7 @@ from pipelines.delta_state import TableStateWarmer
 from pipelines.expectations import FAILED, BatchQuality, QualityGate, mark_failures, no_failures
 from pipelines.expressions import ExpressionCache
 from pipelines.metrics import BatchReport, OffsetSpan, PipelineMetrics
-from pipelines.schema_registry import SubjectSchemas
+from pipelines.subject_schemas import SubjectSchemas
 from pipelines.speedlayer_feed import CommitAnnouncer, feed_etcd_settings
 
 logger = logging.getLogger(__name__)

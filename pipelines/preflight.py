@@ -28,7 +28,7 @@ from danube_core.errors import ConfigError, MetadataError, ObjectStoreError
 from danube_core.metadata import MetadataStore
 from danube_core.objectstore import ObjectStore, translate_error
 from pipelines.config import PipelineConfig
-from pipelines.schema_registry import SubjectSchemas
+from pipelines.subject_schemas import SubjectSchemas
 
 logger = logging.getLogger(__name__)
 

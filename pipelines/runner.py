@@ -37,7 +37,7 @@ from pipelines.delta_sink import DeltaBatchWriter
 from pipelines.expectations import QualityGate
 from pipelines.metrics import PipelineMetrics
 from pipelines.preflight import check_services
-from pipelines.schema_registry import SubjectSchemas
+from pipelines.subject_schemas import SubjectSchemas
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Errors of the speed layer, each tied to the gRPC status code a caller receives.
+"""Errors of the speed layer, each tied to the gRPC status code a caller receives (one per-code
+class of `danube_core.errors` each, shared with the broker's client errors).
 
 The master's logic raises these; only the master's gRPC services (through
 `speedlayer.master.leader_gate`) turn them into gRPC statuses (by `status_name`, a
@@ -7,26 +8,21 @@ The master's logic raises these; only the master's gRPC services (through
 
 from __future__ import annotations
 
-from danube_core.errors import DanubeError
+from danube_core import errors as status
+from danube_core.errors import StatusError
 
 
-class SpeedLayerError(DanubeError):
+class SpeedLayerError(StatusError):
     """Base: a request that cannot be served; `status_name` is a `grpc.StatusCode` name."""
 
-    status_name = "INTERNAL"
 
-
-class InvalidRequestError(SpeedLayerError, ValueError):
+class InvalidRequestError(SpeedLayerError, status.InvalidRequestError, ValueError):
     """A malformed request: a missing or ill-formed field, an unknown strategy."""
 
-    status_name = "INVALID_ARGUMENT"
 
-
-class PreconditionError(SpeedLayerError):
+class PreconditionError(SpeedLayerError, status.FailedPreconditionError):
     """The request is well-formed but cannot be served as things are: over quota, a table
     that cannot be read faithfully (deletion vectors, column mapping), a missing table."""
-
-    status_name = "FAILED_PRECONDITION"
 
 
 class TenantIsolationError(SpeedLayerError):
@@ -36,10 +32,8 @@ class TenantIsolationError(SpeedLayerError):
     status_name = "PERMISSION_DENIED"
 
 
-class NotFoundError(SpeedLayerError):
+class NotFoundError(SpeedLayerError, status.NotFoundError):
     """An unknown dataset, epoch or worker (of this tenant)."""
-
-    status_name = "NOT_FOUND"
 
 
 class UnknownTenantError(NotFoundError):
@@ -61,12 +55,9 @@ class UnsupportedSourceError(SpeedLayerError):
     status_name = "UNIMPLEMENTED"
 
 
-class NotLeaderError(SpeedLayerError):
+class NotLeaderError(SpeedLayerError, status.UnavailableError):
     """This master is a follower (or between leaders): retry at `leader_address` after
     `retry_after_ms`."""
-
-    status_name = "UNAVAILABLE"
-    retriable = True
 
     def __init__(self, leader_id: str | None, leader_address: str | None, retry_after_ms: int) -> None:
         self.leader_id = leader_id
@@ -76,11 +67,8 @@ class NotLeaderError(SpeedLayerError):
         super().__init__(f"this master is not the leader; the leader is {who}; retry after {retry_after_ms} ms")
 
 
-class SourceError(SpeedLayerError):
+class SourceError(SpeedLayerError, status.UnavailableError):
     """A source table could not be read (I/O, a corrupt log); worth retrying."""
-
-    status_name = "UNAVAILABLE"
-    retriable = True
 
 
 # ---- the query path (workers' Flight service, the Data Gateway, the query client) ----------
@@ -109,17 +97,12 @@ class QueryCancelledError(SpeedLayerError):
     status_name = "CANCELLED"
 
 
-class ResultTooLargeError(SpeedLayerError):
+class ResultTooLargeError(SpeedLayerError, status.ResourceExhaustedError):
     """The result passed the query's row or byte limit; ask for less (LIMIT, aggregate)."""
 
-    status_name = "RESOURCE_EXHAUSTED"
 
-
-class ReplicaUnavailableError(SpeedLayerError):
+class ReplicaUnavailableError(SpeedLayerError, status.UnavailableError):
     """No READY replica of the dataset's epoch could be reached; worth retrying."""
-
-    status_name = "UNAVAILABLE"
-    retriable = True
 
 
 # ---- a client that reached no server (raised on the client side, never sent) -----------------
@@ -140,13 +123,10 @@ def connect_failure(details: str) -> str:
     return " ".join(details.rsplit(": ", 1)[-1].split()) or "no connection"
 
 
-class UnreachableError(SpeedLayerError):
+class UnreachableError(SpeedLayerError, status.UnavailableError):
     """No connection could be made to the server(s) a client was given; `tried` maps each
     address to gRPC's reason (a closed port, nothing answering within the connect timeout, an
     unknown host). The message names every address and what to check, on one line."""
-
-    status_name = "UNAVAILABLE"
-    retriable = True
 
     def __init__(self, message: str, tried: dict[str, str]) -> None:
         self.tried = dict(tried)

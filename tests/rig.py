@@ -1,9 +1,14 @@
-"""Small helpers shared by tests: polling with a deadline instead of sleeping."""
+"""Small helpers shared by tests: polling with a deadline instead of sleeping, metadata store doubles,
+subprocess output checks."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import Any, Callable, TypeVar
+
+from devstack import REPO_ROOT
 
 T = TypeVar("T")
 
@@ -86,3 +91,37 @@ def query_reached(query: Any, batch_id: int = 0) -> bool:
     if not query.isActive:
         raise RuntimeError(f"query {query.name or query.id} stopped before batch {batch_id}: {query.exception()}")
     return False
+
+
+class CompactsAfterFirstRead:
+    """Mixin for a metadata store (memory or etcd): right after the first `range_at`, writes
+    `key` and `key + "2"` and compacts past the revision that read saw (`compacted_at`)."""
+
+    key = ""
+    compacted = False
+    compacted_at = 0
+
+    def range_at(self, start_key, end_key, revision=None):
+        read = super().range_at(start_key, end_key, revision)
+        if not self.compacted:
+            self.compacted = True
+            self.put(self.key, b"after the read")
+            self.compacted_at = self.put(self.key + "2", b"after the read")
+            self.compact(self.compacted_at)
+        return read
+
+
+def one_line(stderr: str) -> str:
+    """The one line a command that fails cleanly writes to stderr (no traceback)."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def run_module(module: str, *args: str, timeout_s: float = 60.0) -> tuple[subprocess.CompletedProcess, float]:
+    """`python -m module args...` from the checkout, output captured: the result and its seconds."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=REPO_ROOT)
+    return done, time.perf_counter() - started

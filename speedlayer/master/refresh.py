@@ -22,7 +22,8 @@ import time
 from typing import Callable
 
 from danube_core.errors import DanubeError
-from danube_core.metadata import WatchEvent, WatchHandle
+from danube_core.metadata import WatchEvent
+from danube_core.watched_thread import WatchedThread
 
 from speedlayer.errors import PreconditionError, SpeedLayerError
 from speedlayer.master.admission import AdmissionController
@@ -49,21 +50,14 @@ class Refresher:
         self._lock = threading.Lock()
         self._due: dict[DatasetKey, str] = {}  # dataset -> why it is looked at next ("announce", "loaded")
         self._refused: dict[DatasetKey, int] = {}  # last version refused (not retried until a newer one)
-        self._wake, self._stop = threading.Event(), threading.Event()
-        self._watch: WatchHandle | None = None
-        self._thread = threading.Thread(target=self._run, name="refresh", daemon=True)
+        self._loop = WatchedThread("refresh", self._run)
+        self._wake, self._stop = self._loop.wake_event, self._loop.stop_event
 
     def start(self) -> None:
-        self._watch = self._state.metadata.watch_prefix(self._state.keys.announce_prefix, self._on_announce)
-        self._thread.start()
+        self._loop.start(self._state.metadata, self._state.keys.announce_prefix, self._on_announce)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._watch is not None:
-            self._watch.cancel()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10.0)
+        self._loop.stop()
 
     def look_at(self, tenant: str, dataset: str, why: str) -> None:
         with self._lock:

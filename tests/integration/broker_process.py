@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import grpc
 import pytest
 import yaml
 
-from devstack.ports import free_port
+from devstack.ports import free_port, stop_process
 from danube_core.errors import DanubeError
 from danube_core.keys import REGISTER_PREFIX, register_key
 from danube_core.metadata_etcd import EtcdMetadataStore
@@ -113,12 +112,7 @@ class BrokerProcess:
         if self.process is None or self.process.poll() is not None:
             self._wait_registration_gone()
             return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        stop_process(self.process, timeout_s)
         self._log.close()
 
     def kill(self) -> None:

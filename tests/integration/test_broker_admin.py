@@ -12,7 +12,7 @@ import pytest
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
 from broker.admin import main as admin_main
-from danube_core.keys import StorageKeys, assignment_key, delivery_key, namespace_topic_key
+from danube_core.keys import assignment_key, delivery_key, namespace_topic_key
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.topics import TopicName
 from tests.integration.broker_process import run_admin, running_broker
@@ -100,17 +100,8 @@ def _admin(*argv: str) -> tuple[int, list[dict], str]:
 
 def test_topics_storage_of_a_partitioned_base_name_lists_each_partition_not_null(etcd_endpoint, unique_name):
     """Regression: `topics storage /default/orders` of a 3-partition topic printed one `null` only."""
-    base = TopicName("default", unique_name("orders"))
-    root = f"/{unique_name('root')}"
-    keys = StorageKeys(root)
-    with EtcdMetadataStore(etcd_endpoint) as store:
-        names = partitioned_topic_with_objects(store, base, keys, 3)
-        try:
-            code, rows, err = _admin("--etcd", etcd_endpoint, "--root-prefix", root, "topics", "storage", str(base))
-        finally:
-            for name in names:
-                store.delete(namespace_topic_key(name))
-            store.delete_prefix(root + "/")
+    with partitioned_topic_with_objects(etcd_endpoint, unique_name, 3) as (base, root, keys, names):
+        code, rows, err = _admin("--etcd", etcd_endpoint, "--root-prefix", root, "topics", "storage", str(base))
     assert (code, err) == (0, "")
     assert [row["kind"] for row in rows].count("descriptor") == 1 + 2 + 3
     assert [row["topic"] for row in rows] == [str(name) for name in names for _ in range(name.partition + 2)]

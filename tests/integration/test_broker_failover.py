@@ -16,7 +16,9 @@ import asyncio
 import glob
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from danube import DanubeClientBuilder, ProducerOptions, SubType
@@ -246,15 +248,29 @@ def test_kill_9_with_64_sends_in_flight_every_acked_message_is_in_the_wal_files(
         proc.stop()
 
 
-def test_dead_broker_topic_continues_on_survivor_after_last_uploaded_offset(etcd_endpoint, tmp_path, unique_name):
+@contextmanager
+def doomed_and_survivor(etcd_endpoint: str, tmp_path, topic: str,
+                        doomed_config: dict | None = None) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
+    """Two brokers on one cloud: `topic` created and owned by "doomed", then "survivor" started
+    to take it over; both stopped at the end (a killed one too)."""
     cloud = str(tmp_path / "cloud")
-    doomed = BrokerProcess(etcd_endpoint, tmp_path, "doomed", cloud).start()
-    topic = f"/default/{unique_name('failover')}"
+    overrides = {"wal_cloud": doomed_config} if doomed_config else {}
+    doomed = BrokerProcess(etcd_endpoint, tmp_path, "doomed", cloud, **overrides).start()
     survivor = None
     try:
         run_admin(etcd_endpoint, "topics", "create", topic)
         eventually(lambda: _owner(etcd_endpoint, topic) == doomed.broker_id, 20)
         survivor = BrokerProcess(etcd_endpoint, tmp_path, "survivor", cloud).start()
+        yield doomed, survivor
+    finally:
+        for proc in (survivor, doomed):
+            if proc is not None:
+                proc.stop()
+
+
+def test_dead_broker_topic_continues_on_survivor_after_last_uploaded_offset(etcd_endpoint, tmp_path, unique_name):
+    topic = f"/default/{unique_name('failover')}"
+    with doomed_and_survivor(etcd_endpoint, tmp_path, topic) as (doomed, survivor):
         first = asyncio.run(_produce_and_read_first(doomed.url, topic, "from-zero", 30, 10))
         assert [m.msg_id.topic_offset for m in first] == list(range(10))
         eventually(lambda: _uploaded_through(etcd_endpoint, topic) == 29, 30)
@@ -264,24 +280,14 @@ def test_dead_broker_topic_continues_on_survivor_after_last_uploaded_offset(etcd
         rest = asyncio.run(_consume(survivor.url, topic, "from-zero", 25))
         assert [m.msg_id.topic_offset for m in rest] == list(range(10, 35))
         assert [m.payload for m in rest] == [f"f-{i}".encode() for i in range(10, 35)]
-    finally:
-        for proc in (survivor, doomed):
-            if proc is not None:
-                proc.stop()
 
 
 def test_kill_9_before_upload_survivor_recovers_acked_messages_from_dead_brokers_wal(
     etcd_endpoint, tmp_path, unique_name
 ):
-    cloud = str(tmp_path / "cloud")
     no_upload = {"uploader": {"interval_seconds": 3600, "root_prefix": "/danube-data"}}
-    doomed = BrokerProcess(etcd_endpoint, tmp_path, "doomed", cloud, wal_cloud=no_upload).start()
     topic = f"/default/{unique_name('unuploaded')}"
-    survivor = None
-    try:
-        run_admin(etcd_endpoint, "topics", "create", topic)
-        eventually(lambda: _owner(etcd_endpoint, topic) == doomed.broker_id, 20)
-        survivor = BrokerProcess(etcd_endpoint, tmp_path, "survivor", cloud).start()
+    with doomed_and_survivor(etcd_endpoint, tmp_path, topic, no_upload) as (doomed, survivor):
         first = asyncio.run(_produce_and_read_first(doomed.url, topic, "resume", 40, 10))
         assert [m.msg_id.topic_offset for m in first] == list(range(10))
         eventually(lambda: _cursor(etcd_endpoint, topic, "resume") == 9, 20)
@@ -299,10 +305,6 @@ def test_kill_9_before_upload_survivor_recovers_acked_messages_from_dead_brokers
         on_survivor = [offset for offset, _ in _wal_offsets(survivor.wal_dir)]
         assert sorted(on_doomed) == list(range(40))
         assert sorted(on_survivor) == list(range(40, 45)), "an offset was handed out twice"
-    finally:
-        for proc in (survivor, doomed):
-            if proc is not None:
-                proc.stop()
 
 
 def test_restart_on_its_own_data_takes_its_topics_back_before_the_lease_expires(etcd_endpoint, metadata, tmp_path,

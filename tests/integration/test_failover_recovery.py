@@ -18,17 +18,15 @@ from typing import Callable, Iterator
 import pytest
 
 from broker.leader import record_failover
-from broker.storage_engine import StorageEngine, StorageSettings
-from broker.wal import WalConfig
+from broker.storage_engine import StorageEngine
 from danube_core.keys import StorageKeys, broker_state_key, delivery_key
 from danube_core.records import (
     NON_RELIABLE, RELIABLE, BrokerState, ObjectDescriptor, SealedState, dump_delivery,
 )
 from danube_core.topics import TopicName
+from tests.storage_engines import ROOT, storage_engines
 from tests.unit.test_uploader import make_msg
 
-NEVER_MS = 3_600_000
-ROOT = "/danube-data"
 KEYS = StorageKeys(ROOT)
 ACKED = 30  # offsets 0..29 flushed (durable) on A
 UPLOADED = 10  # of which 0..9 are in an object
@@ -51,19 +49,8 @@ def topic(unique_name, metadata) -> TopicName:
 
 @pytest.fixture
 def make_engine(tmp_path, metadata) -> Iterator[Callable[[str, int], StorageEngine]]:
-    engines: list[StorageEngine] = []
-
-    def make(name: str, broker_id: int) -> StorageEngine:
-        wal = WalConfig(root=str(tmp_path / name / "wal"), fsync_interval_ms=NEVER_MS, durable=True)
-        settings = StorageSettings(wal=wal, cloud_url=f"file://{tmp_path}/cloud", root_prefix=ROOT,
-                                   uploader_interval_s=3600)
-        engine = StorageEngine(settings, metadata, broker_id)
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.close()
+    with storage_engines(tmp_path, metadata, f"file://{tmp_path}/cloud", durable=True) as make:
+        yield make
 
 
 def crash_after_partial_upload(engine: StorageEngine, topic: TopicName) -> str:

@@ -14,9 +14,9 @@ import pytest
 from devstack.embedded_etcd import EmbeddedEtcd
 from danube_core.errors import MetadataCompactedError
 from danube_core.local_cache import LocalCache
-from danube_core.metadata import MetadataStore, RangeRead
+from danube_core.metadata import MetadataStore
 from danube_core.metadata_etcd import EtcdMetadataStore
-from tests.rig import eventually
+from tests.rig import CompactsAfterFirstRead, eventually
 from tests.unit.test_local_cache import WAIT_S, LocalCacheContract
 
 pytestmark = pytest.mark.integration
@@ -37,20 +37,8 @@ def own_etcd() -> Iterator[EmbeddedEtcd]:
     server.stop()
 
 
-class CompactingEtcdStore(EtcdMetadataStore):
+class CompactingEtcdStore(CompactsAfterFirstRead, EtcdMetadataStore):
     """Right after the first `range_at`, writes twice and compacts past the revision it read."""
-
-    key = ""
-    compacted = False
-
-    def range_at(self, start_key, end_key, revision=None) -> RangeRead:
-        read = super().range_at(start_key, end_key, revision)
-        if not self.compacted:
-            self.compacted = True
-            self.put(self.key, b"after the read")
-            self.compacted_at = self.put(self.key + "2", b"after the read")
-            self.compact(self.compacted_at)
-        return read
 
 
 def test_range_at_a_compacted_revision_says_so(own_etcd):

@@ -11,39 +11,29 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from devstack.ports import free_port
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.schema_registry import register_schema
 from pipelines.__main__ import main
 from pipelines.config import load_config
-from devstack import REPO_ROOT
 from pipelines.preflight import ETCD_CHECK_TIMEOUT_MS, check_services
+from tests.pipeline_files import orders_pipeline_file
+from tests.rig import one_line, run_module
 
 pytestmark = pytest.mark.timeout(120)
 
-ORDERS = REPO_ROOT / "conf" / "pipelines" / "orders.yaml"
 BUDGET_S = 5.0
 
 
 def pipeline_file(tmp_path: Path, *, subject: str = "orders", **source: Any) -> Path:
     """The shipped orders.yaml with `source` keys and `decode.subject` replaced, tables under tmp_path."""
-    data = yaml.safe_load(ORDERS.read_text())
-    data["source"].update(source)
-    data["decode"]["subject"] = subject
-    for table in ("target", "quarantine"):
-        data[table]["path"] = str(tmp_path / table)
-    data["checkpoint"] = str(tmp_path / "checkpoint")
-    path = tmp_path / "orders.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return orders_pipeline_file(tmp_path, subject=subject, source_keys=source)
 
 
 def run_main(capsys, path: Path) -> tuple[int, str, float]:
@@ -54,17 +44,7 @@ def run_main(capsys, path: Path) -> tuple[int, str, float]:
 
 
 def run_cli(path: Path) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pipelines", "run", str(path)], capture_output=True, text=True,
-                          timeout=60, cwd=REPO_ROOT)
-    return done, time.perf_counter() - started
-
-
-def one_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr
-    return lines[0]
+    return run_module("pipelines", "run", str(path))
 
 
 def test_closed_etcd_port_fails_in_one_line_before_spark_starts(tmp_path):

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import zlib
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 import s3fs
@@ -214,33 +216,35 @@ def test_objects_rejects_a_bad_topic_name(etcd_endpoint):
     assert code == 2 and "no-slash" in err
 
 
-def partitioned_topic_with_objects(store: EtcdMetadataStore, base: TopicName, keys: StorageKeys,
-                                   partitions: int) -> list[TopicName]:
-    """Partitions `base-part-K` in the namespace index (as the registry creates them, without the
-    assignment markers a broker would react to), partition K holding K+1 one-object descriptors."""
-    names = [TopicName.partition_name(base, k) for k in range(partitions)]
-    for k, name in enumerate(names):
-        store.put(namespace_topic_key(name), NULL_JSON)
-        for start in range(k + 1):
-            descriptor = ObjectDescriptor(f"data-{start}-1700000030.dnb1", start, start, 95, None, 1700000031,
-                                          offset_index=[(start, 0)])
-            store.put(keys.object_key(name, start), descriptor.to_json())
-    return names
-
-
-def test_objects_of_a_partitioned_base_name_lists_each_partition_not_null(etcd_endpoint, unique_name):
-    """Regression: `objects --topic /default/orders` of a 3-partition topic printed `null`s only."""
+@contextmanager
+def partitioned_topic_with_objects(etcd_endpoint: str, unique_name, partitions: int
+                                   ) -> Iterator[tuple[TopicName, str, StorageKeys, list[TopicName]]]:
+    """A unique base topic's partitions `base-part-K` in the namespace index (as the registry creates
+    them, without the assignment markers a broker would react to) under a unique root prefix,
+    partition K holding K+1 one-object descriptors: (base, root, keys, partitions), removed on exit."""
     base = TopicName("default", unique_name("orders"))
     root = f"/{unique_name('root')}"
     keys = StorageKeys(root)
+    names = [TopicName.partition_name(base, k) for k in range(partitions)]
     with EtcdMetadataStore(etcd_endpoint) as store:
-        names = partitioned_topic_with_objects(store, base, keys, 3)
         try:
-            code, lines, err = run("objects", "--etcd", etcd_endpoint, "--topic", str(base), "--root-prefix", root)
+            for k, name in enumerate(names):
+                store.put(namespace_topic_key(name), NULL_JSON)
+                for start in range(k + 1):
+                    descriptor = ObjectDescriptor(f"data-{start}-1700000030.dnb1", start, start, 95, None,
+                                                  1700000031, offset_index=[(start, 0)])
+                    store.put(keys.object_key(name, start), descriptor.to_json())
+            yield base, root, keys, names
         finally:
             for name in names:
                 store.delete(namespace_topic_key(name))
             store.delete_prefix(root + "/")
+
+
+def test_objects_of_a_partitioned_base_name_lists_each_partition_not_null(etcd_endpoint, unique_name):
+    """Regression: `objects --topic /default/orders` of a 3-partition topic printed `null`s only."""
+    with partitioned_topic_with_objects(etcd_endpoint, unique_name, 3) as (base, root, keys, names):
+        code, lines, err = run("objects", "--etcd", etcd_endpoint, "--topic", str(base), "--root-prefix", root)
     assert (code, err) == (0, "")
     for name in names:
         rows = [line for line in lines if line["key"].startswith(keys.topic_prefix(name))]

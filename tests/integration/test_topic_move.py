@@ -29,12 +29,11 @@ from danube_core.checkpoints import UploaderCheckpoint, WalCheckpoint, read_chec
 from danube_core.errors import ConfigError
 from danube_core.records import ObjectDescriptor
 from danube_core.topics import TopicName
-from tests.unit.test_uploader import make_msg
+from tests.storage_engines import ROOT, storage_engines
+from tests.unit.test_uploader import append_messages, make_msg
 
 BROKER_A = 10285063371164059634  # > 2^53: must stay exact in JSON
 BROKER_B = 10421046117770015389
-NEVER_MS = 3_600_000
-ROOT = "/danube-data"
 
 
 @pytest.fixture(params=["s3", "file"])
@@ -47,20 +46,8 @@ def cloud(request, tmp_path) -> tuple[str, dict]:
 
 @pytest.fixture
 def make_engine(tmp_path, metadata, cloud) -> Iterator[Callable[[str, int], StorageEngine]]:
-    engines: list[StorageEngine] = []
-
-    def make(name: str, broker_id: int) -> StorageEngine:
-        url, options = cloud
-        wal = WalConfig(root=str(tmp_path / name / "wal"), fsync_interval_ms=NEVER_MS, durable=False)
-        settings = StorageSettings(wal=wal, cloud_url=url, cloud_options=options, root_prefix=ROOT,
-                                   uploader_interval_s=3600)
-        engine = StorageEngine(settings, metadata, broker_id)
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.close()
+    with storage_engines(tmp_path, metadata, *cloud, durable=False) as make:
+        yield make
 
 
 @pytest.fixture
@@ -157,8 +144,7 @@ def test_seed_003_timeline(make_engine, metadata, topic):
 def test_a_crashed_owner_is_followed_after_its_descriptors_not_at_zero(make_engine, metadata, topic):
     engine_a, engine_b = make_engine("a", BROKER_A), make_engine("b", BROKER_B)
     on_a = engine_a.load_topic(topic)
-    for i in range(10):
-        on_a.append(make_msg(i, topic.broker_name))
+    append_messages(on_a, topic.broker_name, range(10))
     on_a.uploader.drain()
     engine_a.close()  # a crash: no sealed state, A's WAL stays on A's disk
     assert metadata.get(f"{ROOT}/storage/topics/{topic.storage_path}/state") is None
@@ -198,8 +184,7 @@ def test_a_topic_moving_back_to_a_broker_that_kept_its_wal_continues_after_the_o
     and 5..9 are B's messages from the objects, not anything from A's disk."""
     engine_a, engine_b = make_engine("a", BROKER_A), make_engine("b", BROKER_B)
     on_a = engine_a.load_topic(topic)
-    for i in range(5):
-        on_a.append(make_msg(i, topic.broker_name))
+    append_messages(on_a, topic.broker_name, range(5))
     wal_dir_a = on_a.wal.directory
     engine_a.unload_topic(topic)
     assert_wal_kept(wal_dir_a, topic, range(5))
@@ -229,8 +214,7 @@ def test_brokers_sharing_one_wal_directory_hand_over_through_the_kept_files(
     uploader resumes from A's uploader.ckpt instead of uploading 0..21 a second time."""
     engine_a, engine_b = make_engine("shared", BROKER_A), make_engine("shared", BROKER_B)
     on_a = engine_a.load_topic(topic)
-    for i in range(22):
-        on_a.append(make_msg(i, topic.broker_name))
+    append_messages(on_a, topic.broker_name, range(22))
     engine_a.unload_topic(topic)
     assert_wal_kept(on_a.wal.directory, topic, range(22))
 
@@ -269,11 +253,9 @@ def test_delete_removes_storage_keys_and_cursors(make_engine, metadata, topic):
 def test_a_restarted_owner_uploads_what_its_local_wal_still_holds(make_engine, metadata, topic):
     engine = make_engine("a", BROKER_A)
     on_a = engine.load_topic(topic)
-    for i in range(10):
-        on_a.append(make_msg(i, topic.broker_name))
+    append_messages(on_a, topic.broker_name, range(10))
     on_a.uploader.drain()
-    for i in range(10, 15):
-        on_a.append(make_msg(i, topic.broker_name))
+    append_messages(on_a, topic.broker_name, range(10, 15))
     engine.close()  # 10..14 reach the local WAL, not the cloud
 
     again = make_engine("a", BROKER_A).load_topic(topic)
@@ -299,11 +281,9 @@ def test_a_stale_local_wal_never_shadows_a_later_owners_objects(make_engine, met
     when A comes back its old local 10..12 must not be served in place of B's."""
     engine_a, engine_b = make_engine("a", BROKER_A), make_engine("b", BROKER_B)
     on_a = engine_a.load_topic(topic)
-    for i in range(10):
-        on_a.append(make_msg(i, topic.broker_name))
+    append_messages(on_a, topic.broker_name, range(10))
     on_a.uploader.drain()
-    for i in range(10, 15):
-        on_a.append(make_msg(i, topic.broker_name))
+    append_messages(on_a, topic.broker_name, range(10, 15))
     engine_a.close()
 
     on_b = engine_b.load_topic(topic)

@@ -18,17 +18,17 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from danube_core.keys import cursor_key
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import parse_cursor
 from danube_core.schema_registry import register_schema
 from pipelines.config import load_config
-from devstack.demo import ORDER_SCHEMA, PIPELINE_FILE, produce, sample_orders
+from devstack.demo import ORDER_SCHEMA, produce, sample_orders
 from devstack import REPO_ROOT
 from devstack.broker_stack import EmbeddedStack
 from pipelines.runner import PipelineRunner
+from tests.pipeline_files import orders_pipeline_file
 from tests.rig import eventually
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -51,19 +51,9 @@ def publish(stack: EmbeddedStack, topic: str, count: int,
 
 def pipeline_file(stack: EmbeddedStack, root: Path, name: str, topic: str, subject: str, **changes) -> Path:
     """orders.yaml for `topic`, with everything under `root` and `changes` laid over it."""
-    data = yaml.safe_load(PIPELINE_FILE.read_text())
-    data["name"] = name
-    data["source"].update(etcd_endpoints=stack.etcd_endpoint, storage_url=stack.storage_url, topics=[topic],
-                          subscription=name)
-    data["decode"]["subject"] = subject
-    for table in ("target", "quarantine"):
-        data[table]["path"] = str(root / table)
-    data["checkpoint"] = str(root / "checkpoint")
-    for section, values in changes.items():
-        data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    source = dict(etcd_endpoints=stack.etcd_endpoint, storage_url=stack.storage_url, topics=[topic],
+                  subscription=name)
+    return orders_pipeline_file(root, subject=subject, name=name, source_keys=source, **changes)
 
 
 def run_to_end(config, spark) -> None:

@@ -185,7 +185,7 @@ def test_a_replayed_batch_adds_nothing_and_the_cursor_follows_delta(lake):
     topic = lake.topic(f"/default/{lake.unique_name('replay')}")
     topic.append(15, payload=payload)
     config = lake.config([topic.name], decode={"format": "json", "subject": subject})
-    from pipelines.schema_registry import SubjectSchemas
+    from pipelines.subject_schemas import SubjectSchemas
 
     options = reader_options(config.source)
     writer = DeltaBatchWriter(config, Decoder(config.decode, SubjectSchemas(lake.metadata, subject)),

@@ -20,7 +20,7 @@ from pipelines.delta_sink import DeltaBatchWriter
 from pipelines.expectations import QualityGate
 from pipelines.metrics import PipelineMetrics
 from pipelines.runner import reader_options
-from pipelines.schema_registry import SubjectSchemas
+from pipelines.subject_schemas import SubjectSchemas
 from tests.spark.test_pipeline_decode import BROKEN, ORDER_SCHEMA, ids, lake, order, payload  # noqa: F401 (fixture)
 from tests.topic_builder import PAYLOAD_OFFSET_IN_FRAME, corrupt_byte
 

@@ -29,17 +29,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from danube_core.keys import cursor_key, register_key
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.records import parse_cursor
 from danube_core.schema_registry import register_schema
 from danube_core.topics import TopicName
-from devstack.demo import ORDER_SCHEMA, PIPELINE_FILE, produce, sample_orders
+from devstack.demo import ORDER_SCHEMA, produce, sample_orders
 from devstack import REPO_ROOT
 from tests.integration.broker_process import BrokerProcess, run_admin
 from tests.integration.test_spark_submit import delta_records
+from tests.pipeline_files import orders_pipeline_file
 from tests.rig import eventually
 from tests.spark_standalone import SparkStandaloneCluster
 
@@ -71,20 +71,11 @@ def _broker(etcd_endpoint: str, tmp_path: Path, moto_s3, bucket: str, *, upload_
 
 
 def _pipeline_file(tmp_path: Path, etcd_endpoint: str, moto_s3, bucket: str, topic: str, subject: str) -> Path:
-    data = yaml.safe_load(PIPELINE_FILE.read_text())
-    data["name"] = "cluster-orders"
-    data["source"].update(
+    return orders_pipeline_file(tmp_path, subject=subject, name="cluster-orders", source_keys=dict(
         etcd_endpoints=etcd_endpoint, storage_url=f"s3://{bucket}/danube", topics=[topic],
         subscription="cluster-orders", max_messages_per_trigger=25,
         storage_options={"key": "testing", "secret": "testing",
-                         "client_kwargs": {"endpoint_url": moto_s3.endpoint_url, "region_name": "us-east-1"}})
-    data["decode"]["subject"] = subject
-    for table in ("target", "quarantine"):
-        data[table]["path"] = str(tmp_path / table)
-    data["checkpoint"] = str(tmp_path / "checkpoint")
-    path = tmp_path / "cluster-orders.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+                         "client_kwargs": {"endpoint_url": moto_s3.endpoint_url, "region_name": "us-east-1"}}))
 
 
 def test_pipeline_runs_on_a_standalone_cluster(etcd_endpoint, moto_s3, s3_bucket, tmp_path, unique_name):

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from devstack.embedded_etcd import etcd_binary
-from devstack.ports import free_port, wait_for_port
+from devstack.ports import free_port, stop_process, stop_processes, wait_for_port
 from danube_core.metadata_etcd import EtcdMetadataStore
 from speedlayer.clients import ManagementClient
 from speedlayer.keys import SpeedLayerKeys
@@ -47,13 +47,8 @@ class RestartableEtcd:
         wait_for_port(self.port)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        if self.process is not None:
+            stop_process(self.process)
 
 
 class SpeedLayerCluster:
@@ -191,13 +186,8 @@ class SpeedLayerCluster:
                      + [p for p, _ in self.gateways.values()])
         for process in processes:
             if process.poll() is None:
-                process.send_signal(signal.SIGCONT)
-                process.terminate()
-        for process in processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+                process.send_signal(signal.SIGCONT)  # a paused process would not act on SIGTERM
+        stop_processes(processes)
         self.masters.clear()
         self.workers.clear()
         self.gateways.clear()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from concurrent import futures
 
@@ -31,7 +30,7 @@ from speedlayer.master.replication import shortfall, with_replication
 from speedlayer.records import (
     ASSIGNED, PLANNED, R_LOADING, R_READY, AssignmentRecord, ReplicaRecord, TenantConfig, WorkerRecord,
 )
-from tests.speedlayer.cluster import REPO_ROOT
+from tests.rig import one_line, run_module
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,17 +47,7 @@ def run_main(capsys, argv: list[str]) -> tuple[int, str, float]:
 
 
 def run_cli(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "speedlayer", *argv], capture_output=True, text=True,
-                          timeout=60, cwd=REPO_ROOT)
-    return done, time.perf_counter() - started
-
-
-def one_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr
-    return lines[0]
+    return run_module("speedlayer", *argv)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ wrong network settings has). The pure record arithmetic is checked first, withou
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
 
 from devstack.ports import free_port
@@ -80,17 +79,8 @@ def test_max_load_failures_is_validated_in_the_global_config():
 @pytest.fixture(scope="module")
 def s3_table(moto_process):
     """A 3-partition Delta table on moto S3: (uri, master's delta-rs options, good fsspec options)."""
-    from deltalake import write_deltalake
-
-    bucket = f"sl-load-failures-{free_port()}"
-    moto_process.create_bucket(bucket)
-    uri = f"s3://{bucket}/tables/orders"
-    delta_options = {"AWS_ENDPOINT_URL": moto_process.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
-                     "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
-                     "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
-    rows = pa.table({"id": pa.array(range(1200), pa.int64()), "day": [f"d{i % 3}" for i in range(1200)]})
-    write_deltalake(uri, rows, partition_by=["day"], storage_options=delta_options)
-    return uri, delta_options, {"s3": moto_process.storage_options}
+    uri = moto_process.write_orders_table(f"sl-load-failures-{free_port()}", 1200)
+    return uri, moto_process.delta_options, {"s3": moto_process.storage_options}
 
 
 def _unreachable() -> dict:

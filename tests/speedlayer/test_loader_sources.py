@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 
-import pyarrow as pa
 import pytest
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
@@ -55,18 +54,9 @@ def test_spark_written_delta_table_loads_with_typed_partitions(spark, tmp_path):
 
 @pytest.mark.integration
 def test_delta_table_on_s3_loads_through_fsspec(moto_process, unique_name):
-    from deltalake import write_deltalake
-
     moto_s3 = moto_process
-    bucket = unique_name("bkt")[:63].rstrip("-")
-    moto_s3.create_bucket(bucket)
-    uri = f"s3://{bucket}/tables/orders"
-    delta_options = {"AWS_ENDPOINT_URL": moto_s3.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
-                     "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
-                     "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
-    rows = pa.table({"id": pa.array(range(900), pa.int64()), "day": [f"d{i % 3}" for i in range(900)]})
-    write_deltalake(uri, rows, partition_by=["day"], storage_options=delta_options)
-    resolved = DeltaTableSource(delta_options).resolve(source(uri), [{"day": "d1"}])
+    uri = moto_s3.write_orders_table(unique_name("bkt")[:63].rstrip("-"), 900)
+    resolved = DeltaTableSource(moto_s3.delta_options).resolve(source(uri), [{"day": "d1"}])
     assert resolved.file_count == 1 and all(f.uri.startswith("s3://") for f in resolved.source.delta.files)
     con = load(resolved, "s3_orders", {"s3": moto_s3.storage_options}).cursor()
     assert con.execute("SELECT count(*), sum(id), min(day), max(day) FROM s3_orders").fetchone() == (

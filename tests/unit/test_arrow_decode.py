@@ -1,13 +1,13 @@
 """WAL frames -> Arrow: the C decoder against the pure-Python reference and the spec.
 
+Frames the decoders must stop at (partial, corrupt, undecodable) are `test_arrow_decode_stops.py`.
+
 Every case that builds a batch runs both decoders and requires identical results
 (`decode_both`), so the C code can never drift from `danube_core.message`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import struct
 import threading
 import zlib
 
@@ -19,14 +19,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from danube_core import _fastdecode
 from danube_core.arrow_decode import (
     MESSAGE_ARROW_SCHEMA,
-    DecodedFrames,
     decode_frames,
     decode_frames_reference,
     scan_frame_offsets,
 )
-from danube_core.errors import CorruptFrameError
-from danube_core.frames import encode_frame, scan_frames
-from danube_core.message import MessageID, StreamMessage, encode_message, with_offset
+from danube_core.frames import scan_frames
+from danube_core.message import MessageID, StreamMessage, with_offset
+from tests.arrow_frames import decode_both, expected_row, frame, frames, message, raw_frame
 
 U64_MAX = 2**64 - 1
 
@@ -41,69 +40,6 @@ SMALLEST_FRAME_HEX = (
     " 00 07 04 2f 61 2f 62 00 00 00 00 00 01 00 00 00 00"
 )
 SCHEMA_FIELDS_PAYLOAD_HEX = "02 07 04 2f 61 2f 62 00 01 02 01 02 01 01 70 01 00 00 01 05 01 01"
-
-
-def message(offset: int = 0, **changes) -> StreamMessage:
-    """A typical broker-stored message at `offset`, with any field replaced."""
-    base = StreamMessage(
-        request_id=offset + 1,
-        msg_id=MessageID(42, "/default/orders", "http://127.0.0.1:6650/", offset),
-        payload=b"x" * 100,
-        publish_time=1_700_000_000_000 + offset,
-        producer_name="producer-1",
-        subscription_name="",
-        attributes={"k": "v"},
-    )
-    return dataclasses.replace(base, **changes)
-
-
-def frame(msg: StreamMessage) -> bytes:
-    return encode_frame(msg.msg_id.topic_offset, encode_message(msg))
-
-
-def frames(count: int, start: int = 0) -> bytes:
-    return b"".join(frame(message(offset)) for offset in range(start, start + count))
-
-
-def raw_frame(offset: int, payload: bytes) -> bytes:
-    """A frame with a correct CRC around arbitrary (possibly invalid) payload bytes."""
-    return encode_frame(offset, payload)
-
-
-def decode_both(buf, **kwargs) -> DecodedFrames:
-    """Decode with both decoders, require identical results, return the fast one."""
-    fast = decode_frames(buf, **kwargs)
-    ref = decode_frames_reference(buf, **kwargs)
-    fast.batch.validate(full=True)
-    assert fast.batch.schema == ref.batch.schema
-    assert fast.batch.equals(ref.batch), (fast.batch.to_pylist(), ref.batch.to_pylist())
-    assert (fast.consumed, fast.stop_reason, fast.stop_pos, fast.stop_detail, fast.stop_offset) == (
-        ref.consumed,
-        ref.stop_reason,
-        ref.stop_pos,
-        ref.stop_detail,
-        ref.stop_offset,
-    )
-    return fast
-
-
-def expected_row(msg: StreamMessage, frame_pos: int) -> dict:
-    return {
-        "offset": msg.msg_id.topic_offset,
-        "request_id": msg.request_id,
-        "producer_id": msg.msg_id.producer_id,
-        "topic_name": msg.msg_id.topic_name,
-        "broker_addr": msg.msg_id.broker_addr,
-        "topic_offset": msg.msg_id.topic_offset,
-        "payload": msg.payload,
-        "publish_time": msg.publish_time,
-        "producer_name": msg.producer_name,
-        "subscription_name": msg.subscription_name,
-        "attributes": list(msg.attributes.items()),
-        "schema_id": msg.schema_id,
-        "schema_version": msg.schema_version,
-        "frame_pos": frame_pos,
-    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -350,140 +286,6 @@ def test_frame_larger_than_a_batch_is_a_decode_stop() -> None:
     assert (result.batch.num_rows, result.consumed, result.stop_reason) == (0, 0, "decode")
     assert (result.stop_pos, result.stop_offset) == (7, 0)
     assert "do not fit in one Arrow batch" in result.stop_detail
-
-
-# ---------------------------------------------------------------------------------------
-# Partial, corrupt and undecodable frames
-
-
-def test_empty_buffer() -> None:
-    result = decode_both(b"")
-    assert result.batch.num_rows == 0
-    assert result.batch.schema == MESSAGE_ARROW_SCHEMA
-    assert (result.consumed, result.stop_reason, result.stop_pos) == (0, "end", None)
-
-
-def test_every_truncation_point_is_a_partial_stop() -> None:
-    first, second = frame(message(0)), frame(message(1, payload=b"\xfb" * 300))
-    buf = first + second
-    for cut in range(len(buf) + 1):
-        result = decode_both(buf[:cut], base_pos=1000)
-        whole = 0 if cut < len(first) else 1 if cut < len(buf) else 2
-        boundary = [0, len(first), len(buf)][whole]
-        assert result.batch.num_rows == whole
-        assert result.consumed == boundary
-        if cut == boundary:
-            assert (result.stop_reason, result.stop_pos) == ("end", None)
-        else:
-            assert (result.stop_reason, result.stop_pos) == ("partial", 1000 + boundary)
-            assert f"{cut - boundary} of" in result.stop_detail
-
-
-def test_len_larger_than_the_buffer_is_partial() -> None:
-    good = frame(message(0))
-    bogus = struct.pack("<QII", 1, 10_000_000, 0) + b"\x00" * 50
-    result = decode_both(good + bogus)
-    assert (result.batch.num_rows, result.stop_reason, result.stop_pos) == (1, "partial", len(good))
-    assert result.stop_offset == 1
-    result.raise_if_corrupt("wal.log")  # a partial frame is not corruption
-
-
-def test_every_flipped_payload_or_crc_byte_stops_at_that_frame() -> None:
-    first, second = frame(message(0)), frame(message(1))
-    for index in range(12, len(second)):  # crc field and payload
-        damaged = bytearray(second)
-        damaged[index] ^= 0x40
-        result = decode_both(first + bytes(damaged) + frame(message(2)), base_pos=5)
-        assert (result.batch.num_rows, result.consumed) == (1, len(first))
-        assert (result.stop_reason, result.stop_pos, result.stop_offset) == ("crc", 5 + len(first), 1)
-        assert "CRC mismatch" in result.stop_detail
-
-
-def test_raise_if_corrupt_names_source_offset_and_position() -> None:
-    damaged = bytearray(frames(3))
-    damaged[-1] ^= 0x01
-    result = decode_frames(bytes(damaged), base_pos=100)
-    with pytest.raises(CorruptFrameError) as info:
-        result.raise_if_corrupt("s3://bucket/data-2-1.dnb1")
-    assert (info.value.source, info.value.offset) == ("s3://bucket/data-2-1.dnb1", 2)
-    assert info.value.byte_pos == 100 + 2 * len(frame(message(0)))
-
-
-def payload_bytes(
-    head: bytes = b"\x00\x07",  # request_id, producer_id
-    topic: bytes = b"\x04/a/b",
-    tail: bytes = b"\x00\x00\x00\x00\x01p",  # broker_addr, topic_offset, payload, publish_time, producer
-    sub: bytes = b"\x01\x00",
-    attrs: bytes = b"\x01\x01k\x01v",
-    schema_id: bytes = b"\x00",
-    schema_version: bytes = b"\x00",
-) -> bytes:
-    """A valid payload by default; each test breaks exactly one field, so a decoder that
-    wrongly accepted the defect would return a row instead of stopping."""
-    return head + topic + tail + sub + attrs + schema_id + schema_version
-
-
-def test_payload_bytes_default_is_valid() -> None:
-    assert decode_both(raw_frame(0, payload_bytes())).batch.num_rows == 1
-
-
-PAYLOAD_DEFECTS = {
-    "request_id ff marker": (payload_bytes(head=b"\xff\x07"), "request_id"),
-    "producer_id u128 marker": (payload_bytes(head=b"\x00\xfe" + b"\x00" * 16), "msg_id.producer_id"),
-    "topic_name longer than the payload": (payload_bytes(topic=b"\x40/a/b"), "msg_id.topic_name"),
-    "payload length past the end": (b"\x00\x07\x04/a/b\x00\x00\xfb\x00\x10", "payload"),
-    "topic_name overlong utf-8": (payload_bytes(topic=b"\x02\xc0\x80"), "msg_id.topic_name"),
-    "topic_name surrogate": (payload_bytes(topic=b"\x03\xed\xa0\x80"), "msg_id.topic_name"),
-    "topic_name above U+10FFFF": (payload_bytes(topic=b"\x04\xf4\x90\x80\x80"), "msg_id.topic_name"),
-    "topic_name cut multi-byte char": (payload_bytes(topic=b"\x02a\xe2"), "msg_id.topic_name"),
-    "subscription option tag 02": (payload_bytes(sub=b"\x02\x00"), "subscription_name"),
-    "attributes key invalid utf-8": (payload_bytes(attrs=b"\x01\x01\x80\x01v"), "attributes"),
-    "attributes value invalid utf-8": (payload_bytes(attrs=b"\x01\x01k\x01\xff"), "attributes"),
-    "schema_id option tag 05": (payload_bytes(schema_id=b"\x05"), "schema_id"),
-    "schema_version fd marker": (payload_bytes(schema_version=b"\x01\xfd" + b"\x01" * 8), "schema_version"),
-    "truncated before schema_version": (payload_bytes(schema_version=b""), "schema_version"),
-}
-
-
-@pytest.mark.parametrize("defect", sorted(PAYLOAD_DEFECTS))
-def test_payload_defects_are_decode_stops(defect: str) -> None:
-    payload, field = PAYLOAD_DEFECTS[defect]
-    good = frame(message(0))
-    buf = good + raw_frame(9, payload) + frame(message(10))
-    result = decode_both(buf, base_pos=3)
-    assert (result.batch.num_rows, result.consumed) == (1, len(good))
-    assert (result.stop_reason, result.stop_pos, result.stop_offset) == ("decode", 3 + len(good), 9)
-    assert field in result.stop_detail
-    # the C decoder's own diagnosis (kept for the case where the two decoders disagree)
-    c_field = _fastdecode.decode(buf, 0, 0, U64_MAX, -1, 1, 2**31 - 1)[4]
-    assert c_field.startswith(field)
-    with pytest.raises(CorruptFrameError, match=field):
-        result.raise_if_corrupt("object.dnb1")
-
-
-def test_longer_varint_forms_and_trailing_payload_bytes_are_accepted() -> None:
-    payload = b"\xfb\x05\x00" + encode_message(message(0))[1:] + b"trailing junk"
-    row = decode_both(raw_frame(0, payload)).batch.to_pylist()[0]
-    assert row["request_id"] == 5
-
-
-def test_duplicate_attribute_keys_behave_like_a_dict() -> None:
-    head = encode_message(message(0, attributes={}))[:-3]  # up to the attribute count
-    attrs = b"\x03" + b"\x01a\x011" + b"\x01b\x012" + b"\x01a\x013"
-    row = decode_both(raw_frame(0, head + attrs + b"\x00\x00")).batch.to_pylist()[0]
-    assert row["attributes"] == [("a", "3"), ("b", "2")]
-
-
-def test_many_attributes_with_duplicates_behave_like_a_dict() -> None:
-    """Beyond a handful of keys the C decoder finds duplicates by hashing; same semantics."""
-    entries = [(f"key-{i % 700}", f"value-{i}") for i in range(3000)] + [("", "empty")] * 3
-    expected = dict(entries)
-    head = encode_message(message(0, attributes={}))[:-3]
-    attrs = b"\xfb" + struct.pack("<H", len(entries)) + b"".join(
-        bytes([len(k)]) + k.encode() + bytes([len(v)]) + v.encode() for k, v in entries
-    )
-    row = decode_both(raw_frame(0, head + attrs + b"\x00\x00")).batch.to_pylist()[0]
-    assert row["attributes"] == list(expected.items())
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Our codecs against the golden corpus: files the real Danube v0.7.3 broker wrote.
 
+Why one module of ~600 lines: its five numbered sections check one contract end to end on one
+corpus index (the files, the README's frame ranges, the frames decoded once per session).
+
 The corpus (`../shared/golden`, described in its README) is read in place and never changed.
 Every WAL file, object, checkpoint and etcd key of every scenario is checked, one test case
 per file (or key), so a failure names it:

@@ -16,10 +16,11 @@ import pytest
 from danube_core.cached_store import CachedMetadataStore
 from danube_core.errors import StaleCacheError
 from danube_core.keys import padded_offset
-from danube_core.local_cache import LocalCache, Span, SpanIndex
-from danube_core.metadata import MetadataStore, RangeRead, WatchEvent
+from danube_core.key_spans import Span, SpanIndex
+from danube_core.local_cache import LocalCache
+from danube_core.metadata import MetadataStore, WatchEvent
 from danube_core.metadata_memory import MemoryMetadataStore
-from tests.rig import CountingStore, eventually
+from tests.rig import CompactsAfterFirstRead, CountingStore, eventually
 
 pytestmark = pytest.mark.unit
 
@@ -247,22 +248,13 @@ class LocalCacheContract:
 
 
 
-class CompactingStore(MemoryMetadataStore):
+class CompactingStore(CompactsAfterFirstRead, MemoryMetadataStore):
     """Right after the first `range_at`, writes twice and compacts past the revision it read."""
 
     def __init__(self, key: str) -> None:
         super().__init__()
         self.key = key
         self.compacted = False
-
-    def range_at(self, start_key, end_key, revision=None) -> RangeRead:
-        read = super().range_at(start_key, end_key, revision)
-        if not self.compacted:
-            self.compacted = True
-            self.put(self.key, b"after the read")
-            self.compacted_at = self.put(self.key + "2", b"after the read")
-            self.compact(self.compacted_at)
-        return read
 
 
 class TestMemoryLocalCache(LocalCacheContract):

@@ -33,6 +33,12 @@ NEVER_MS = 3_600_000
 T0 = 1_700_000_000
 
 
+def append_messages(wal, topic: str, offsets: range) -> None:
+    """Append `make_msg(i, topic)` for every i of `offsets` (the WAL gives them its own offsets)."""
+    for i in offsets:
+        wal.append(make_msg(i, topic))
+
+
 def make_msg(i: int, topic: str, size: int = 0) -> StreamMessage:
     return StreamMessage(
         request_id=i,
@@ -118,8 +124,7 @@ class UploaderContract:
 
     def test_descriptor_cur_object_and_checkpoint_are_exactly_the_spec(self, backend, topic):
         with self.open_wal(backend, topic) as wal:
-            for i in range(2500):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(2500))
             wal.flush()
             descriptor = self.uploader(backend, topic, wal).run_cycle()
             frames = wal_bytes(wal)
@@ -143,20 +148,17 @@ class UploaderContract:
     def test_resumes_exactly_where_it_stopped_across_restarts(self, backend, topic):
         clock = FakeClock()
         wal = self.open_wal(backend, topic)
-        for i in range(10):
-            wal.append(make_msg(i, topic.broker_name))
+        append_messages(wal, topic.broker_name, range(10))
         wal.flush()
         assert self.uploader(backend, topic, wal, clock).run_cycle().end_offset == 9
-        for i in range(10, 15):
-            wal.append(make_msg(i, topic.broker_name))
+        append_messages(wal, topic.broker_name, range(10, 15))
         wal.flush()
         clock.now += 30
         second = self.uploader(backend, topic, wal, clock).run_cycle()  # a restarted uploader
         assert (second.start_offset, second.end_offset) == (10, 14)
         wal.close()
         wal = self.open_wal(backend, topic)  # a restarted WAL writes a new segment
-        for i in range(15, 18):
-            wal.append(make_msg(i, topic.broker_name))
+        append_messages(wal, topic.broker_name, range(15, 18))
         wal.flush()
         clock.now += 30
         uploader = self.uploader(backend, topic, wal, clock)
@@ -172,8 +174,7 @@ class UploaderContract:
 
     def test_half_written_trailing_frame_is_uploaded_on_the_next_cycle(self, backend, topic):
         with self.open_wal(backend, topic) as wal:
-            for i in range(5):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(5))
             wal.flush()
             complete = wal_bytes(wal)
             wal.append(make_msg(5, topic.broker_name))
@@ -195,12 +196,10 @@ class UploaderContract:
     def test_crash_before_the_descriptor_put_leaves_no_gap_and_no_orphan(self, backend, topic):
         clock = FakeClock()
         with self.open_wal(backend, topic) as wal:
-            for i in range(5):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(5))
             wal.flush()
             self.uploader(backend, topic, wal, clock).run_cycle()
-            for i in range(5, 10):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(5, 10))
             wal.flush()
             failing = FailingOnce(backend.metadata, "put_if_absent")
             with pytest.raises(MetadataError, match="injected"):
@@ -221,8 +220,7 @@ class UploaderContract:
         clock = FakeClock()
         failing = FailingOnce(backend.metadata, "put_if_absent")
         with self.open_wal(backend, topic) as wal:
-            for i in range(3):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(3))
             wal.flush()
             uploader = self.uploader(backend, topic, wal, clock, metadata=failing)
             with pytest.raises(MetadataError, match="injected"):
@@ -240,19 +238,16 @@ class UploaderContract:
             raise CheckpointError(f"injected crash before writing {path}")
 
         with self.open_wal(backend, topic) as wal:
-            for i in range(4):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(4))
             wal.flush()
             self.uploader(backend, topic, wal, clock).run_cycle()
-            for i in range(4, 8):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(4, 8))
             wal.flush()
             monkeypatch.setattr(uploader_module, "write_checkpoint", crash)
             with pytest.raises(CheckpointError):
                 self.uploader(backend, topic, wal, clock).run_cycle()
             monkeypatch.setattr(uploader_module, "write_checkpoint", real_write)
-            for i in range(8, 10):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(8, 10))
             wal.flush()
             clock.now += 5
             restarted = self.uploader(backend, topic, wal, clock)
@@ -271,8 +266,7 @@ class UploaderContract:
             foreign = ObjectDescriptor("data-0-1.dnb1", 0, 99, 1, None, 1, True, [(0, 0)])
             key = backend.keys.object_key(topic, 0)
             backend.metadata.put(key, foreign.to_json())  # another owner's history appears
-            for i in range(3):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(3))
             wal.flush()
             with pytest.raises(MetadataError, match="refusing to overwrite"):
                 uploader.run_cycle()
@@ -281,8 +275,7 @@ class UploaderContract:
 
     def test_max_object_bytes_is_checked_frame_by_frame(self, backend, topic):
         with self.open_wal(backend, topic) as wal:
-            for i in range(10):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(10))
             wal.flush()
             cap = sum(frame_sizes(wal_bytes(wal))[:3])
             self.uploader(backend, topic, wal, max_object_bytes=cap).drain()
@@ -295,8 +288,7 @@ class UploaderContract:
     def test_one_object_spans_rotated_segments(self, backend, topic):
         frame = FRAME_HEADER_SIZE + 60
         with self.open_wal(backend, topic, rotate_max_bytes=frame * 3) as wal:
-            for i in range(10):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(10))
             wal.flush()
             assert len(wal.segments()) > 2
             descriptor = self.uploader(backend, topic, wal).run_cycle()
@@ -306,16 +298,14 @@ class UploaderContract:
 
     def test_drain_uploads_appends_that_were_not_flushed_yet(self, backend, topic):
         with self.open_wal(backend, topic) as wal:
-            for i in range(7):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(7))
             uploader = self.uploader(backend, topic, wal)
             uploader.drain()
             assert uploader.last_committed_offset == 6
 
     def test_a_corrupt_frame_never_leaves_the_disk(self, backend, topic):
         with self.open_wal(backend, topic) as wal:
-            for i in range(5):
-                wal.append(make_msg(i, topic.broker_name))
+            append_messages(wal, topic.broker_name, range(5))
             wal.flush()
             path = wal.segments()[-1].path
             frames = scan_frames(wal_bytes(wal)).frames
@@ -344,8 +334,7 @@ def test_index_has_one_entry_per_thousand_frames_from_the_object_start(tmp_path)
     metadata = MemoryMetadataStore()
     topic = TopicName("default", "indexed")
     with Wal.open(topic, WalConfig(root=str(tmp_path), fsync_interval_ms=NEVER_MS, durable=False)) as wal:
-        for i in range(1200):
-            wal.append(make_msg(i, topic.broker_name))
+        append_messages(wal, topic.broker_name, range(1200))
         wal.flush()
         store = ObjectStore(f"memory://bkt-{uuid.uuid4().hex}")
         uploader = Uploader(topic, wal, store, metadata, StorageKeys(), clock=FakeClock(), durable=False)
