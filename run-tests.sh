@@ -6,5 +6,9 @@ set -euo pipefail
 # source lookup (pkgutil.iter_modules) finds `pyspark_danube` and format("danube") needs no call.
 cd "$(dirname "$0")"
 python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -c constraints.txt -e ".[all,test]"
+# -n: pytest-xdist workers. Most of the suite's time is spent waiting on the processes it starts
+# (brokers, pipelines, masters, etcd restarts), so workers overlap those waits; `--dist loadgroup`
+# keeps every test of the one Spark session on one worker, and a module's shared fixture on one
+# (tests/conftest.py). DANUBE_TEST_WORKERS=0 runs everything in this process.
 # --durations: the slowest tests are listed at the end, to keep the suite well inside CI's time.
-exec python3 -m pytest -q --durations=20 "$@" tests
+exec python3 -m pytest -q --durations=20 -n "${DANUBE_TEST_WORKERS:-3}" --dist loadgroup "$@" tests

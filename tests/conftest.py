@@ -22,9 +22,15 @@ from devstack.ports import free_port, wait_for_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# Each test directory is one marker, so `-m unit` (or integration, spark, speedlayer) selects
-# the whole directory; the markers are declared in setup.cfg.
+# Each test directory is one marker, so `-m integration` (or spark, speedlayer) selects the whole
+# directory; the markers are declared in setup.cfg. `-m unit` selects every test that needs no
+# server: all of tests/unit, and the modules of other directories that mark themselves `unit`
+# (the speed layer's planners, configuration and routing), which the check below holds to it.
 DIRECTORY_MARKERS = ("unit", "integration", "spark", "speedlayer")
+UNIT = "unit"
+# Fixtures that start a server or a Spark session: a `unit` test that needs one is a mistake.
+SERVER_FIXTURES = frozenset({"etcd_server", "etcd_endpoint", "metadata", "moto_s3", "s3_bucket", "s3_store",
+                             "spark", "golden_etcd", "golden", "moto_process", "cluster_factory"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,11 +43,73 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if len(relative.parts) > 1 and relative.parts[0] in DIRECTORY_MARKERS:
             directory = relative.parts[0]
             # A module's own mark naming another directory (a speed layer test marked
-            # `integration`) would pull it into that directory's selection.
+            # `integration`) would pull it into that directory's selection; `unit` stays.
             for node in item.listchain():
                 node.own_markers[:] = [m for m in node.own_markers
-                                       if m.name not in DIRECTORY_MARKERS or m.name == directory]
+                                       if m.name not in DIRECTORY_MARKERS or m.name in (directory, UNIT)]
             item.add_marker(directory)
+        if item.get_closest_marker(UNIT) is not None:
+            servers = [name for name in SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                       if _shared_fixture(item, name)]
+            if servers:
+                raise pytest.UsageError(f"{item.nodeid} is marked `unit` but uses {sorted(servers)}: "
+                                        "a unit test needs no server (move it, or drop the mark)")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Here, not in pytest_collection_modifyitems: pytest-xdist reads the marks in its own.
+    group = _worker_group(item)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse, before any worker starts, the pytest-xdist and pytest releases whose loadgroup
+    does not group (pytest-xdist#1386; constraints.txt has working ones)."""
+    if config.getoption("dist", default="no") != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    import xdist
+    from packaging.version import Version
+
+    if Version(pytest.__version__) >= Version("9.2") and Version(xdist.__version__) <= Version("3.8.0"):
+        raise pytest.UsageError(f"pytest-xdist {xdist.__version__} cannot group tests on pytest {pytest.__version__} "
+                                "(`--dist loadgroup`, pytest-xdist#1386): install the versions in constraints.txt")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse to run split groups: pytest-xdist marks a grouped test by renaming its node id,
+    which some pytest releases ignore (constraints.txt); the tests would then run apart."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    for item in session.items:
+        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid:
+            pytest.exit(f"pytest-xdist did not group {item.nodeid} (pytest {pytest.__version__}): "
+                                    "install the versions in constraints.txt", returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+SPARK_GROUP = "spark-session"
+SHARED_SCOPES = ("module", "class", "package")
+
+
+def _worker_group(item: pytest.Item) -> str | None:
+    """Which tests must share one pytest-xdist worker (run-tests.sh runs several, `--dist
+    loadgroup`): every test of the session's SparkSession, so the suite starts one; and a
+    module's tests where they share a module-scoped fixture (a cluster, a server), so it is
+    started once. Every other test goes to whichever worker is free."""
+    if "spark" in getattr(item, "fixturenames", ()):
+        return SPARK_GROUP
+    definitions = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]
+    if any(defs and defs[-1].scope in SHARED_SCOPES for defs in definitions.values()):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def _shared_fixture(item: pytest.Item, name: str) -> bool:
+    """Whether `item` gets fixture `name` from a conftest (a server), not from its own module
+    (a module may call its in-memory store `metadata`)."""
+    definitions = item._fixtureinfo.name2fixturedefs.get(name, ())  # type: ignore[attr-defined]
+    return bool(definitions) and definitions[-1].func.__module__.endswith("conftest")
 
 
 class MotoS3Server:
@@ -64,6 +132,25 @@ class MotoS3Server:
             "secret": "testing",
             "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
         }
+
+    @property
+    def delta_options(self) -> dict[str, str]:
+        """delta-rs (`deltalake`) storage options that reach this server."""
+        return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+                "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
+
+    def write_orders_table(self, bucket: str, rows: int) -> str:
+        """A Delta table of `rows` rows (`id`, `day` d0..d2, partitioned by day) at
+        `s3://bucket/tables/orders` in a bucket created here; its URI."""
+        import pyarrow as pa
+        from deltalake import write_deltalake
+
+        self.create_bucket(bucket)
+        uri = f"s3://{bucket}/tables/orders"
+        table = pa.table({"id": pa.array(range(rows), pa.int64()), "day": [f"d{i % 3}" for i in range(rows)]})
+        write_deltalake(uri, table, partition_by=["day"], storage_options=self.delta_options)
+        return uri
 
     def create_bucket(self, name: str) -> None:
         import boto3
@@ -184,10 +271,9 @@ _RUNNING_ETCD: list[EmbeddedEtcd] = []  # the session's etcd once a test has sta
 def golden_etcd() -> Iterator[EmbeddedEtcd]:
     """An etcd of its own for the real broker's golden scenarios: their keys are cluster-wide
     (`/cluster/leader`, registrations) and must never meet the suite's brokers."""
-    from tests.golden import GOLDEN_DIR
+    from tests.golden import require_golden
 
-    if not GOLDEN_DIR.is_dir():
-        pytest.skip(f"the golden corpus is not at {GOLDEN_DIR}")
+    require_golden()
     server = EmbeddedEtcd()
     yield server
     server.stop()

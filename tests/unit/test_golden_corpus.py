@@ -45,15 +45,20 @@ from danube_core.message import StreamMessage, decode_message, encode_message
 from danube_core.objectstore import object_id_for, objects_dir, parse_object_id
 from danube_core.topics import TopicName
 from tests.conftest import REPO_ROOT
+from tests.golden import GOLDEN_DIR as GOLDEN
+from tests.golden import SCENARIOS, require_golden
 
-GOLDEN = REPO_ROOT.parent / "shared" / "golden"
+pytestmark = pytest.mark.unit
 
-pytestmark = [
-    pytest.mark.unit,
-    pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden corpus not present at {GOLDEN}"),
-]
 
-SCENARIOS = ("normal", "rotated", "rotated-one-object", "moved", "partitioned")
+@pytest.fixture(autouse=True)
+def _corpus() -> None:
+    require_golden()
+
+
+def test_the_corpus_is_here_with_every_scenario():
+    """The file lists below are empty without the corpus, which would leave nothing to fail."""
+    assert all((require_golden() / scenario).is_dir() for scenario in SCENARIOS), sorted(GOLDEN.iterdir())
 
 
 def _corpus_files(suffix: str) -> list[str]:

@@ -4,20 +4,19 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from broker.load_report import LoadReporter, TopicLoad
 from broker.resource_usage import RESOURCE_NAMES, ResourceSampler
+from tests.golden import GOLDEN_DIR, require_golden
 
-GOLDEN = Path(os.environ.get("DANUBE_GOLDEN_DIR", Path(__file__).resolve().parents[2] / ".." / "shared" / "golden"))
 
 
 def golden_load_values() -> list[bytes]:
     values = []
-    for dump in sorted(GOLDEN.glob("*/etcd.jsonl")):
+    for dump in sorted(require_golden().glob("*/etcd.jsonl")):
         for line in dump.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
             if row["key"].startswith("/cluster/load/"):
@@ -38,8 +37,7 @@ def assert_shape_of_a_golden_load(raw: bytes) -> None:
     """`raw` has the keys, resource order and JSON types of the real broker's LoadReport."""
     goldens = [json.loads(g) for g in golden_load_values()]
     with_topic = next((g for g in goldens if g["topics"]), None)
-    if with_topic is None:
-        pytest.skip(f"no golden /cluster/load value with a topic under {GOLDEN}")
+    assert with_topic is not None, f"no /cluster/load value with a topic in the golden corpus at {GOLDEN_DIR}"
     ours = json.loads(raw)
     expected = shape(with_topic) | {"topics": [shape(with_topic["topics"][0])] * len(ours["topics"])}
     assert shape(ours) == expected, raw
@@ -54,8 +52,7 @@ def topic_load(name: str, messages: int = 0, byte_count: int = 0) -> TopicLoad:
 @pytest.fixture(scope="module")
 def golden_loads() -> list[bytes]:
     values = golden_load_values()
-    if not values:
-        pytest.skip(f"no golden etcd dumps under {GOLDEN}")
+    assert values, f"no /cluster/load values in the golden corpus at {GOLDEN_DIR}"
     return values
 
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from pathlib import Path
 
 import pytest
 
 from danube_core.json_text import format_f64 as rust_float_text
 from danube_core.records import dump_json
+from tests.golden import GOLDEN_DIR, require_golden
 
-GOLDEN = Path(os.environ.get("DANUBE_GOLDEN_DIR", Path(__file__).resolve().parents[2] / ".." / "shared" / "golden"))
 
 
 @pytest.mark.parametrize("value, text", [
@@ -37,9 +35,8 @@ def test_dump_json_keeps_integers_strings_and_order_as_json_does():
 
 
 def test_every_golden_etcd_value_dumps_back_to_the_brokers_bytes():
-    dumps = sorted(GOLDEN.glob("*/etcd.jsonl"))
-    if not dumps:
-        pytest.skip(f"no golden etcd dumps under {GOLDEN}")
+    dumps = sorted(require_golden().glob("*/etcd.jsonl"))
+    assert dumps, f"no etcd.jsonl in the golden corpus at {GOLDEN_DIR}"
     checked = 0
     for dump in dumps:
         for line in dump.read_text(encoding="utf-8").splitlines():
