@@ -372,6 +372,8 @@ def test_restart_while_a_stream_is_past_its_first_offset_is_reported(metadata, m
         b.crash_restart(secrets.randbits(64))
         b.append(200)
         b.upload()
+        # The reader's cache follows etcd through a watch: the next trigger must see run two.
+        reader._driver().scope.cache.wait_for_revision(metadata.current_revision(), 10)
         if fail:
             with pytest.raises(DataLossError, match=r"\[0, 150\).*restarted at 0"):
                 reader.latestOffset(first, ReadAllAvailable())

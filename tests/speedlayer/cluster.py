@@ -1,4 +1,8 @@
-"""A speed layer cluster of real processes for tests and benchmarks: its own etcd, masters, workers.
+"""A speed layer cluster of real processes for tests and benchmarks: etcd, masters, workers.
+
+The cluster's keys live under a key root of their own, on an etcd it is given (the test
+session's, shared with every other cluster and broker) or on one it starts itself, which it
+can then stop and restart (`restart_etcd`).
 
 Every master and worker is a `python -m speedlayer ...` subprocess whose output goes to a log
 file in the cluster's directory (printed by `dump_logs` when a test fails). Timings are short
@@ -12,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from devstack.embedded_etcd import etcd_binary
@@ -54,13 +59,15 @@ class RestartableEtcd:
 class SpeedLayerCluster:
     def __init__(self, root: Path, *, election_ttl_s: int = 2, heartbeat_s: int = 1,
                  reassign_delay_s: float = 1.0, strategy: str = "rendezvous",
-                 delta_storage_options: dict[str, str] | None = None) -> None:
+                 delta_storage_options: dict[str, str] | None = None, etcd_endpoint: str | None = None) -> None:
+        """`etcd_endpoint`: an etcd to share (the cluster starts its own without one)."""
         self.root = root
-        self.etcd = RestartableEtcd(root / "etcd")
-        self.keys = SpeedLayerKeys()
+        self.own_etcd = RestartableEtcd(root / "etcd") if etcd_endpoint is None else None
+        self.etcd_endpoint = etcd_endpoint or self.own_etcd.endpoint  # type: ignore[union-attr]
+        self.keys = SpeedLayerKeys(root=f"/speedlayer-{uuid.uuid4().hex[:8]}")
         self.config_path = root / "speedlayer.yaml"
         self.config_path.write_text(json.dumps({
-            "etcd": {"endpoints": self.etcd.endpoint},
+            "etcd": self._etcd_section(),
             "master": {"election_ttl_seconds": election_ttl_s, "heartbeat_interval_seconds": heartbeat_s},
             "sources": {"delta": {"storage_options": delta_storage_options or {}}},
         }))
@@ -68,7 +75,7 @@ class SpeedLayerCluster:
         self._ports: dict[str, int] = {}
         self.workers: dict[str, subprocess.Popen] = {}
         self.gateways: dict[str, tuple[subprocess.Popen, int]] = {}
-        self.metadata = EtcdMetadataStore(self.etcd.endpoint)
+        self.metadata = EtcdMetadataStore(self.etcd_endpoint)
         self.set_global(GlobalConfig(reassign_delay_s=reassign_delay_s, strategy=strategy))
         self._clients: list[ManagementClient] = []
         self._local: list = []
@@ -85,9 +92,14 @@ class SpeedLayerCluster:
         env.update(extra or {})
         return env
 
+    def _etcd_section(self) -> dict[str, str]:
+        return {"endpoints": self.etcd_endpoint, "key_root": self.keys.root}
+
     def restart_etcd(self) -> None:
-        self.etcd.stop()
-        self.etcd.start()
+        if self.own_etcd is None:
+            raise RuntimeError("restart_etcd needs a cluster with an etcd of its own (no etcd_endpoint)")
+        self.own_etcd.stop()
+        self.own_etcd.start()
 
     def start_master(self, master_id: str, env: dict[str, str] | None = None) -> int:
         """Start (or restart, on the port it had) master `master_id`; clients know masters by address."""
@@ -134,7 +146,7 @@ class SpeedLayerCluster:
         """Start a Data Gateway process; returns its host:port."""
         port = free_port()
         config = self.root / f"gateway-{gateway_id}.yaml"
-        config.write_text(json.dumps({"etcd": {"endpoints": self.etcd.endpoint},
+        config.write_text(json.dumps({"etcd": self._etcd_section(),
                                       "gateway": {"port": port, **(extra or {})}}))
         log = open(self.root / f"gateway-{gateway_id}.log", "ab")
         process = subprocess.Popen([sys.executable, "-m", "speedlayer", "gateway", "--config", str(config)],
@@ -192,7 +204,8 @@ class SpeedLayerCluster:
         self.workers.clear()
         self.gateways.clear()
         self.metadata.close()
-        self.etcd.stop()
+        if self.own_etcd is not None:
+            self.own_etcd.stop()
 
 
 def ready_workers(client: ManagementClient, tenant: str, dataset: str, epoch: str) -> dict[str, int]:

@@ -1,5 +1,5 @@
-"""Speed layer tests: each module that needs a cluster gets its own etcd (the speed layer's keys
-`/masters`, `/election/master` are global), so it never meets the session's brokers."""
+"""Speed layer tests. A cluster from `cluster_factory` keeps its keys under a key root of its own
+on the session's etcd; a module that restarts etcd starts a cluster with an etcd of its own."""
 
 from __future__ import annotations
 
@@ -54,11 +54,11 @@ def moto_process():
 
 
 @pytest.fixture
-def cluster_factory(tmp_path_factory, request):
+def cluster_factory(tmp_path_factory, request, etcd_endpoint):
     clusters: list[SpeedLayerCluster] = []
 
     def make(**kwargs) -> SpeedLayerCluster:
-        cluster = SpeedLayerCluster(tmp_path_factory.mktemp("speedlayer"), **kwargs)
+        cluster = SpeedLayerCluster(tmp_path_factory.mktemp("speedlayer"), etcd_endpoint=etcd_endpoint, **kwargs)
         clusters.append(cluster)
         return cluster
 

@@ -94,11 +94,11 @@ def test_appends_become_incremental_epochs_and_the_served_epoch_moves_forward(fo
 
 def test_unannounced_commits_are_found_by_polling(followed):
     cluster, agent, path = followed
+    append(path, 300, 50)
+    append(path, 350, 50)  # two versions before polling starts: one epoch for the latest
     cluster.set_global(GlobalConfig(reassign_delay_s=1.0, replication_factor=1, refresh_poll_interval_s=0.5,
                                     default_ttl_sec=3600))
-    append(path, 300, 50)
-    append(path, 350, 50)  # two versions before the poll: one epoch for the latest
-    found = eventually(lambda: (s := served_rows(agent)) and s[1] == 2 and s, deadline_s=30)
+    found = eventually(lambda: (s := served_rows(agent)) and s[1] == 2 and s, deadline_s=60)
     assert found[2] == 400
     assert [r.version for r in records(cluster)] == [0, 2]
 
