@@ -6,7 +6,9 @@
 The token, where the gateway requires one, comes from `--token` or `SPEEDLAYER_TOKEN`. The
 latency printed is the client's: from the call to the last row received. Exit code 1 and the
 error, one line on stderr, when the query fails; a gateway that accepts no connection within
-`--connect-timeout-ms` is named as unreachable (a closed port fails at once).
+`--connect-timeout-ms` is named as unreachable (a closed port fails at once). A TLS gateway
+is `--gateway grpc+tls://host:port`; `--ca-cert ca.pem` trusts the CA that signed its
+certificate (and implies TLS for a bare host:port).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout-ms", type=int, default=30_000)
     parser.add_argument("--connect-timeout-ms", type=int, default=2_000,
                         help="give up on a gateway that accepts no connection within this long")
+    parser.add_argument("--ca-cert", default=os.environ.get("SPEEDLAYER_CA_CERT"),
+                        help="PEM file of the CA that signed a TLS gateway's certificate (or SPEEDLAYER_CA_CERT)")
     parser.add_argument("--max-rows", type=int, default=0, help="fail if the result has more rows")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("sql")
@@ -42,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with QueryClient(args.gateway, args.tenant, token=args.token, client_id=args.client_id,
-                         timeout_ms=args.timeout_ms, connect_timeout_ms=args.connect_timeout_ms) as client:
+                         timeout_ms=args.timeout_ms, connect_timeout_ms=args.connect_timeout_ms,
+                         ca_cert=args.ca_cert) as client:
             started = time.perf_counter()
             table = client.query(args.dataset, args.sql, epoch=args.epoch, max_rows=args.max_rows)
             elapsed_ms = (time.perf_counter() - started) * 1000

@@ -23,7 +23,7 @@ import hmac
 import logging
 import threading
 import time
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -63,6 +63,7 @@ class GatewayFlightServer(flight.FlightServerBase):
 
     def shutdown(self) -> None:
         super().shutdown()
+        self.flight_sql.close()
         with self._lock:
             for client in self._clients.values():
                 client.close()
@@ -114,7 +115,7 @@ class GatewayFlightServer(flight.FlightServerBase):
         return flight.GeneratorStream(schema, self._relay(batches, tenant, started, context))
 
     def run_sql(self, tenant: str, dataset: str, sql: str, client_id: str, epoch: str | None = None,
-                joined: tuple[str, ...] = ()) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+                joined: tuple[str, ...] = ()) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         """Run `sql` on `dataset` (its newest READY epoch, or `epoch`) and the `joined` datasets (their
         newest READY epochs, on a worker holding them all) for an authenticated tenant, with the
         gateway's limits and deadline: the answer's schema and batches (Flight SQL's path)."""
@@ -137,7 +138,7 @@ class GatewayFlightServer(flight.FlightServerBase):
         """`batches` sent on, counted in the gateway's query metrics, stopped if the caller cancels."""
         return self._relay(batches, tenant, started, context)
 
-    def _run(self, tenant: str, request: QueryRequest, client_id: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    def _run(self, tenant: str, request: QueryRequest, client_id: str) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         if not valid_id(request.dataset):
             raise InvalidRequestError(f"dataset {request.dataset!r}: not a dataset id")
         limits = self.limits.effective(request)
@@ -146,7 +147,7 @@ class GatewayFlightServer(flight.FlightServerBase):
         return self._forward(route, request, limits, deadline)
 
     def _forward(self, route: Route, request: QueryRequest, limits: QueryLimits,
-                 deadline: float) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+                 deadline: float) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         failures: list[str] = []
         for attempt, replica in enumerate(route.replicas):
             remaining = deadline - time.monotonic()
@@ -171,7 +172,7 @@ class GatewayFlightServer(flight.FlightServerBase):
                                       f"{'; '.join(failures)}")
 
     def _ask(self, replica: ReplicaEndpoint, tenant: str, request: QueryRequest,
-             remaining_s: float) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+             remaining_s: float) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         """Start the query on one replica and read up to the retry buffer of its answer."""
         options = call_options(tenant, timeout_s=remaining_s + DEADLINE_SLACK_S)
         buffered: list[pa.RecordBatch] = []
@@ -183,7 +184,7 @@ class GatewayFlightServer(flight.FlightServerBase):
                 try:
                     batch = reader.read_chunk().data
                 except StopIteration:
-                    return schema, iter(buffered)
+                    return schema, buffered  # the whole answer: a list (Flight SQL streams it from C++)
                 buffered.append(batch)
                 size += batch.nbytes
         except (flight.FlightError, pa.ArrowException, OSError) as exc:

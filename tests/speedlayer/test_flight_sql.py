@@ -218,3 +218,32 @@ def test_adbc_with_a_client_certificate_where_the_gateway_requires_one_and_its_d
     with pytest.raises(adbc_manager.Error):  # no client certificate: the TLS handshake fails
         with _connect(gateways["mtls"], scheme="grpc+tls", **tls) as conn, conn.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM orders")
+
+
+def test_query_client_and_cli_reach_a_tls_gateway_signed_by_a_private_ca(gateways, capsys):
+    import argparse
+
+    from speedlayer.clients import query_cli
+    from speedlayer.errors import SpeedLayerError
+
+    tls, ca = gateways["tls"], gateways["ca"]
+    with QueryClient(f"grpc+tls://{tls}", "acme", token="s3cret", ca_cert=ca) as client:
+        assert client.query("orders", "SELECT count(*) AS n FROM orders").to_pylist() == [{"n": 3000}]
+    with QueryClient(tls, "acme", token="s3cret", tls_root_certs=open(ca).read()) as client:  # implies TLS
+        assert client.query("orders", "SELECT count(*) AS n FROM orders WHERE day = '2024-01-02'").to_pylist() == \
+            [{"n": 1000}]
+    with pytest.raises(SpeedLayerError), QueryClient(tls, "acme", token="s3cret", connect_timeout_ms=500) as plain:
+        plain.query("orders", "SELECT count(*) FROM orders")  # no TLS: the TLS port does not answer it
+    with pytest.raises(ValueError, match="cannot read it"):
+        QueryClient(tls, "acme", ca_cert=str(ca) + ".missing")
+    with pytest.raises(ValueError, match="grpc\\+tls://"):
+        QueryClient(f"grpc://{tls}", "acme", ca_cert=ca)
+
+    parser = argparse.ArgumentParser()
+    query_cli.add_parser(parser.add_subparsers())
+    common = ["query", "--gateway", f"grpc+tls://{tls}", "--tenant", "acme", "--token", "s3cret",
+              "--dataset", "orders", "--format", "json"]
+    assert query_cli.run(parser.parse_args([*common, "--ca-cert", ca, "SELECT count(*) AS n FROM orders"])) == 0
+    assert capsys.readouterr().out.splitlines() == ['{"n": 3000}']
+    assert query_cli.run(parser.parse_args([*common, "--ca-cert", ca + ".missing", "SELECT 1 FROM orders"])) == 1
+    assert "cannot read it" in capsys.readouterr().err

@@ -22,8 +22,10 @@ from speedlayer.gateway.flight_sql import catalog
 from speedlayer.gateway.flight_sql.auth import SessionTokens, call_tenant
 from speedlayer.gateway.flight_sql.messages import ReadOnlyError, UnsupportedCommandError, pack, unpack
 from speedlayer.gateway.flight_sql.parameters import parameter_literals
-from speedlayer.gateway.flight_sql.service import FlightSqlService, parameter_schema
-from speedlayer.gateway.flight_sql.statements import LIMIT_HINT, PendingResults, PreparedStatements, analyse
+from speedlayer.gateway.flight_sql.service import FlightSqlService, _same_kind, parameter_schema
+from speedlayer.gateway.flight_sql.statements import (
+    LIMIT_HINT, AnswersAhead, PendingResults, PreparedStatements, analyse,
+)
 from speedlayer.gateway.routing import ReplicaEndpoint, Route
 from speedlayer.gateway.server import authenticate, colocated
 from speedlayer.protocol.query import HEADERS_MIDDLEWARE
@@ -188,6 +190,85 @@ def test_session_tokens_name_their_tenant_expire_and_die_with_the_tenants_token(
         call_tenant({}, sessions, authenticate)
     with pytest.raises(UnauthenticatedError, match="not a session token"):
         call_tenant({"authorization": "Bearer s3cret"}, sessions, authenticate)
+
+
+def test_a_verified_session_is_remembered_until_it_expires_or_the_tenants_token_changes():
+    now = [1000.0]
+    sessions = SessionTokens(_config(flight_sql_session_ttl_s=60), clock=lambda: now[0])
+    token = sessions.issue("acme")
+    assert sessions.verify(token) == sessions.verify(token) == "acme"
+    sessions.config.tokens["acme"] = "rotated"
+    with pytest.raises(UnauthenticatedError, match="not valid"):
+        sessions.verify(token)
+    sessions.config.tokens["acme"] = "s3cret"
+    assert sessions.verify(token) == "acme"
+    now[0] += 61
+    with pytest.raises(UnauthenticatedError, match="expired"):
+        sessions.verify(token)
+
+
+# ---- statements started ahead ----------------------------------------------------------------
+
+
+def test_answers_started_ahead_go_to_the_same_handle_tenant_and_values_only_and_are_bounded():
+    import threading
+    import time
+
+    schema = pa.schema([("n", pa.int64())])
+    answer = (schema, [pa.record_batch([pa.array([1])], schema=schema)])
+    ahead = AnswersAhead(capacity=2, ttl_s=60, threads=1)
+    try:
+        assert ahead.start(b"h1", "acme", ("1",), "e1", lambda: answer)
+        for tenant, values in (("other", ("1",)), ("acme", ("2",))):
+            assert ahead.start(b"h1", "acme", ("1",), "e1", lambda: answer)
+            assert ahead.take(b"h1", tenant, values) is None  # and dropped
+            assert ahead.take(b"h1", "acme", ("1",)) is None
+        assert ahead.start(b"h1", "acme", ("1",), "e1", lambda: answer)
+        started = ahead.take(b"h1", "acme", ("1",))
+        assert started.epoch == "e1" and started.future.result() == answer
+        assert ahead.take(b"h1", "acme", ("1",)) is None  # taken once
+
+        began, release, closed = threading.Event(), threading.Event(), []
+
+        def stream():
+            try:
+                yield from answer[1]
+            finally:
+                closed.append(True)
+
+        def slow():
+            began.set()
+            release.wait(10)
+            batches = stream()
+            next(batches)  # the stream is open
+            return schema, batches
+
+        assert ahead.start(b"h2", "acme", (), None, slow) and began.wait(10)
+        assert ahead.start(b"h3", "acme", (), None, lambda: answer)  # queued behind h2 (one thread)
+        assert not ahead.start(b"h4", "acme", (), None, lambda: answer)  # capacity 2
+        ahead.discard(b"h3")  # not begun: cancelled
+        ahead.discard(b"h2")  # begun: its stream is closed once it is there
+        release.set()
+        deadline = time.monotonic() + 10
+        while not closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert closed and len(ahead) == 0
+        expiring = AnswersAhead(ttl_s=0.0, threads=1)
+        expiring.start(b"h", "acme", (), None, lambda: answer)
+        assert expiring.take(b"h", "acme", ()) is None
+        expiring.close()
+    finally:
+        ahead.close()
+
+
+def test_a_statements_schema_is_known_ahead_only_when_its_parameters_filter():
+    assert analyse("SELECT * FROM orders WHERE id = ? LIMIT ?", "acme").fixed_schema
+    assert analyse("SELECT day FROM orders GROUP BY day HAVING count(*) > ?", "acme").fixed_schema
+    assert not analyse("SELECT ? AS x FROM orders", "acme").fixed_schema
+    assert not analyse("SELECT coalesce(day, ?) FROM orders WHERE id = ?", "acme").fixed_schema
+    assert _same_kind(pa.utf8(), pa.large_string()) and _same_kind(pa.int64(), pa.float64())
+    assert _same_kind(pa.null(), pa.int32()) and _same_kind(pa.date32(), pa.timestamp("us"))
+    assert not _same_kind(pa.utf8(), pa.int64()) and not _same_kind(pa.int64(), pa.utf8())
 
 
 def test_gateway_tls_settings_are_checked_up_front(tmp_path):

@@ -33,6 +33,7 @@ from speedlayer.protocol.query import AUTH_HEADER, TENANT_HEADER
 SESSION_PREFIX = "sls1."
 AUTH_MIDDLEWARE = "speedlayer-flight-sql-auth"
 _PROCESS_SECRET = secrets.token_bytes(32)
+VERIFIED_CACHE_SIZE = 4096
 
 
 class SessionTokens:
@@ -42,6 +43,10 @@ class SessionTokens:
         self.config = config
         self.ttl_s = config.flight_sql_session_ttl_s
         self._clock = clock
+        # Tokens whose signature checked out: token -> (tenant, expiry, the tenant's token it was
+        # signed with). A client sends its token on every call; this spares the HMAC after the
+        # first, and a changed tenant token still ends the session (the entry no longer matches).
+        self._verified: dict[str, tuple[str, int, str | None]] = {}
 
     def check_password(self, tenant: str, password: str) -> None:
         """UnauthenticatedError unless `password` is `tenant`'s token (or the tenant needs none)."""
@@ -63,6 +68,9 @@ class SessionTokens:
     def verify(self, token: str, *, allow_expired: bool = False) -> str:
         """The tenant of a valid, unexpired session token (`allow_expired`: expired too);
         UnauthenticatedError otherwise."""
+        known = self._verified.get(token)
+        if known is not None and known[2] == self.config.tokens.get(known[0]):
+            return self._unexpired(known[0], known[1], allow_expired)
         try:
             payload, signature = token[len(SESSION_PREFIX):].split(".")
             tenant, expires = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode().rsplit(":", 1)
@@ -74,6 +82,12 @@ class SessionTokens:
                 not hmac.compare_digest(signature, self._sign(tenant, payload)):
             raise UnauthenticatedError("the bearer token is not valid (wrong signature, or the tenant's token "
                                        "changed): Handshake again with the tenant and its token")
+        if len(self._verified) >= VERIFIED_CACHE_SIZE:
+            self._verified.clear()
+        self._verified[token] = (tenant, expires_at, self.config.tokens.get(tenant))
+        return self._unexpired(tenant, expires_at, allow_expired)
+
+    def _unexpired(self, tenant: str, expires_at: int, allow_expired: bool) -> str:
         if self._clock() >= expires_at and not allow_expired:
             raise UnauthenticatedError(f"the session of tenant {tenant!r} expired: Handshake again")
         if tenant not in self.config.tokens and self.config.require_tokens:

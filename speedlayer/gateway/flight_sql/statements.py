@@ -6,9 +6,10 @@ qualified a table with the catalog and schema the gateway reports (`speedlayer.<
 those qualifiers are cut, since a worker binds each dataset under its bare name. The worker
 still checks the statement it receives; the gateway only needs to know where to send it.
 
-`PreparedStatements` (handles a client creates, binds and closes) and `PendingResults` (an
-answer computed at `GetFlightInfo`, read once by `DoGet`) are bounded and expire, so a client
-that never closes or never reads costs the gateway a bounded amount of memory.
+`PreparedStatements` (handles a client creates, binds and closes), `AnswersAhead` (a prepared
+statement started when its values are bound, before the client asks for it) and
+`PendingResults` (an answer awaiting its `DoGet`) are bounded and expire, so a client that
+never closes or never reads costs the gateway a bounded amount of memory.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -76,6 +78,9 @@ class Statement:
     # The statement with the literals of its filters (WHERE, HAVING, QUALIFY, LIMIT) left out:
     # statements of one shape have one result schema on the same epochs (see `shape_of`).
     shape: str = field(repr=False, compare=False)
+    # No parameter outside a filter: every binding of the statement answers with one schema
+    # (that of its shape), so it is known before the answer (`SELECT ? AS x` is not so).
+    fixed_schema: bool = field(repr=False, compare=False)
     _edits: tuple[tuple[int, int, str | int], ...] = field(repr=False)
 
     def render(self, literals: tuple[str, ...] = ()) -> str:
@@ -142,7 +147,8 @@ def analyse(sql: str, tenant: str) -> Statement:
     edits.sort(key=lambda edit: edit[0])
     hints = _parameter_hints(nodes)
     return Statement(sql, tuple(sorted(datasets)), len(parameters),
-                     tuple(hints.get(str(i)) for i in identifiers), shape_of(statements), tuple(edits))
+                     tuple(hints.get(str(i)) for i in identifiers), shape_of(statements),
+                     _parameters_in_filters_only(statements), tuple(edits))
 
 
 _FILTERS = ("where_clause", "having", "qualify", "limit", "offset")
@@ -166,6 +172,20 @@ def shape_of(tree: Any, in_filter: bool = False) -> str:
         return node
 
     return json.dumps(strip(tree, in_filter), sort_keys=True, separators=(",", ":"))
+
+
+def _parameters_in_filters_only(tree: Any) -> bool:
+    """Whether every parameter of `tree` sits in a filter or a LIMIT/OFFSET (see `shape_of`)."""
+    stack = [(tree, False)]
+    while stack:
+        node, filtered = stack.pop()
+        if isinstance(node, dict):
+            if node.get("class") == "PARAMETER" and not filtered:
+                return False
+            stack.extend((value, filtered or key in _FILTERS) for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((item, filtered) for item in node)
+    return True
 
 
 LIMIT_HINT = "#limit"
@@ -231,6 +251,9 @@ class PreparedStatement:
     tenant: str
     statement: Statement
     literals: tuple[str, ...] | None = None  # bound by DoPut; None until then
+    # The bound values are of the kinds of the columns they are compared with (no conversion
+    # that could fail on the worker), so the answer's errors can only be the worker's.
+    values_fit_columns: bool = False
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -320,3 +343,89 @@ class PendingResults:
                                     f"{self.ttl_s:.0f} s of GetFlightInfo; execute the statement again")
             del self._waiting[handle]
         return pending.schema, pending.batches
+
+
+@dataclass
+class StartedAnswer:
+    """A statement started ahead: for which tenant and bound values, on which epoch (None: not
+    pinned by the caller, a join), its answer to come (`future`: schema and batches)."""
+
+    tenant: str
+    literals: tuple[str, ...]
+    epoch: str | None
+    future: Future
+    expires: float
+
+
+class AnswersAhead:
+    """Prepared statements started before their `GetFlightInfo`: when a client binds values
+    (`DoPut`), or prepares a statement that takes none, the gateway starts it at once on a small
+    pool, so the worker's query overlaps the client's next round trips. `take` hands it to the
+    `GetFlightInfo` of the same statement handle, tenant and values (one answer per handle).
+    At most `capacity` are held (more are not started) for at most `ttl_s`; one not taken is
+    dropped: cancelled if not begun, else its stream closed."""
+
+    def __init__(self, capacity: int = 32, ttl_s: float = 30.0, threads: int = 4) -> None:
+        self.capacity = capacity
+        self.ttl_s = ttl_s
+        self._started: dict[bytes, StartedAnswer] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flight-sql-ahead")
+
+    def start(self, handle: bytes, tenant: str, literals: tuple[str, ...], epoch: str | None,
+              run: Callable[[], tuple[pa.Schema, Iterable[pa.RecordBatch]]]) -> bool:
+        """Start `run` (the statement with `literals`, on `epoch`) for `handle`, replacing an answer
+        started for it before; False (nothing started) while `capacity` are held."""
+        now = time.monotonic()
+        with self._lock:
+            dropped = [self._started.pop(k) for k, a in list(self._started.items()) if a.expires <= now]
+            previous = self._started.pop(handle, None)
+            if previous is not None:
+                dropped.append(previous)
+            started = len(self._started) < self.capacity
+            if started:
+                self._started[handle] = StartedAnswer(tenant, literals, epoch, self._pool.submit(run),
+                                                      now + self.ttl_s)
+        for answer in dropped:
+            drop(answer.future)
+        return started
+
+    def take(self, handle: bytes, tenant: str, literals: tuple[str, ...]) -> StartedAnswer | None:
+        """The answer started for `handle` with these `literals` by `tenant`, no longer held here;
+        None if there is none (never started, other values, expired: dropped)."""
+        with self._lock:
+            answer = self._started.pop(handle, None)
+        if answer is None:
+            return None
+        if answer.tenant != tenant or answer.literals != literals or answer.expires <= time.monotonic():
+            drop(answer.future)
+            return None
+        return answer
+
+    def discard(self, handle: bytes) -> None:
+        with self._lock:
+            answer = self._started.pop(handle, None)
+        if answer is not None:
+            drop(answer.future)
+
+    def __len__(self) -> int:
+        return len(self._started)
+
+    def close(self) -> None:
+        with self._lock:
+            held, self._started = list(self._started.values()), {}
+        for answer in held:
+            drop(answer.future)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def drop(future: Future) -> None:
+    """Give up an answer: cancel it if it has not begun, else close its stream once it is there."""
+    def close(done: Future) -> None:
+        if not done.cancelled() and done.exception() is None:
+            batches = done.result()[1]
+            if hasattr(batches, "close"):
+                batches.close()
+
+    if not future.cancel():
+        future.add_done_callback(close)
