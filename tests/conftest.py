@@ -33,6 +33,7 @@ SERVER_FIXTURES = frozenset({"etcd_server", "etcd_endpoint", "metadata", "moto_s
                              "spark", "golden_etcd", "golden", "moto_process", "cluster_factory"})
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the `xdist_group` marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests_dir = Path(__file__).resolve().parent
     for item in items:
@@ -54,12 +55,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if servers:
                 raise pytest.UsageError(f"{item.nodeid} is marked `unit` but uses {sorted(servers)}: "
                                         "a unit test needs no server (move it, or drop the mark)")
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    # Here, not in pytest_collection_modifyitems: pytest-xdist reads the marks in its own.
-    group = _worker_group(item)
-    if group is not None:
+    for item, group in _worker_groups(items).items():
         item.add_marker(pytest.mark.xdist_group(group))
 
 
@@ -90,19 +86,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 SPARK_GROUP = "spark-session"
 SHARED_SCOPES = ("module", "class", "package")
+# Module-scoped, but a cleanup after a module's tests wherever they ran, not a shared resource.
+PER_MODULE_CLEANUPS = frozenset({"_fake_registrations_removed"})
 
 
-def _worker_group(item: pytest.Item) -> str | None:
+def _worker_groups(items: list[pytest.Item]) -> dict[pytest.Item, str]:
     """Which tests must share one pytest-xdist worker (run-tests.sh runs several, `--dist
-    loadgroup`): every test of the session's SparkSession, so the suite starts one; and a
-    module's tests where they share a module-scoped fixture (a cluster, a server), so it is
-    started once. Every other test goes to whichever worker is free."""
-    if "spark" in getattr(item, "fixturenames", ()):
-        return SPARK_GROUP
+    loadgroup`): every test of a module where one uses the session's SparkSession, so the suite
+    starts one and a module's fixtures are set up once; and a module's tests where they share a
+    module-scoped fixture (a cluster, a server), so it is started once. Every other test goes to
+    whichever worker is free (each fault battery case, each unit test)."""
+    by_module: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_module.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    groups: dict[pytest.Item, str] = {}
+    for module, module_items in by_module.items():
+        if any("spark" in getattr(item, "fixturenames", ()) for item in module_items):
+            groups.update(dict.fromkeys(module_items, SPARK_GROUP))
+        elif any(_uses_shared_fixture(item) for item in module_items):
+            groups.update(dict.fromkeys(module_items, module))
+    return groups
+
+
+def _uses_shared_fixture(item: pytest.Item) -> bool:
     definitions = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]
-    if any(defs and defs[-1].scope in SHARED_SCOPES for defs in definitions.values()):
-        return item.nodeid.split("::", 1)[0]
-    return None
+    return any(defs and defs[-1].scope in SHARED_SCOPES and name not in PER_MODULE_CLEANUPS
+               for name, defs in definitions.items())
 
 
 def _shared_fixture(item: pytest.Item, name: str) -> bool:
