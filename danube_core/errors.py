@@ -154,6 +154,12 @@ class ResourceExhaustedError(StatusError):
     status_name = "RESOURCE_EXHAUSTED"
 
 
+class UnimplementedError(StatusError):
+    """A request the server understands but does not serve (a write to a read-only service)."""
+
+    status_name = "UNIMPLEMENTED"
+
+
 class UnavailableError(StatusError):
     """Not served here or not now; worth retrying (elsewhere, after a look-up)."""
 

@@ -101,6 +101,23 @@ class ResultTooLargeError(SpeedLayerError, status.ResourceExhaustedError):
     """The result passed the query's row or byte limit; ask for less (LIMIT, aggregate)."""
 
 
+class GatewayStateExhaustedError(SpeedLayerError, status.ResourceExhaustedError):
+    """Too many statements held for a tenant (or for all) at a gateway: prepared statements,
+    results awaiting their DoGet; read or close some first."""
+
+
+class UnsupportedRequestError(SpeedLayerError, status.UnimplementedError):
+    """A request the speed layer does not serve (UNIMPLEMENTED)."""
+
+
+class ReadOnlyError(UnsupportedRequestError):
+    """A write or transaction command: the speed layer serves reads only."""
+
+
+class UnsupportedCommandError(UnsupportedRequestError):
+    """A Flight SQL command this server does not implement (XDBC type info, Substrait, ...)."""
+
+
 class ReplicaUnavailableError(SpeedLayerError, status.UnavailableError):
     """No READY replica of the dataset's epoch could be reached; worth retrying."""
 

@@ -115,10 +115,11 @@ class GatewayFlightServer(flight.FlightServerBase):
         return flight.GeneratorStream(schema, self._relay(batches, tenant, started, context))
 
     def run_sql(self, tenant: str, dataset: str, sql: str, client_id: str, epoch: str | None = None,
-                joined: tuple[str, ...] = ()) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
+                joined: tuple[str, ...] = (), joined_epochs: tuple[str | None, ...] = (),
+                ) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         """Run `sql` on `dataset` (its newest READY epoch, or `epoch`) and the `joined` datasets (their
-        newest READY epochs, on a worker holding them all) for an authenticated tenant, with the
-        gateway's limits and deadline: the answer's schema and batches (Flight SQL's path)."""
+        newest READY epochs, or `joined_epochs`, on a worker holding them all) for an authenticated
+        tenant, with the gateway's limits and deadline: the answer's schema and batches (Flight SQL's path)."""
         request = QueryRequest(dataset=dataset, sql=sql, epoch=epoch or "")
         if not joined:
             return self._run(tenant, request, client_id)
@@ -127,8 +128,8 @@ class GatewayFlightServer(flight.FlightServerBase):
                 raise InvalidRequestError(f"dataset {name!r}: not a dataset id")
         limits = self.limits.effective(request)
         deadline = time.monotonic() + limits.timeout_ms / 1000
-        routes = [self.routing.route(tenant, name, client_id, epoch if name == dataset else None)
-                  for name in (dataset, *joined)]
+        pinned = (epoch, *joined_epochs, *(None,) * (len(joined) - len(joined_epochs)))
+        routes = [self.routing.route(tenant, name, client_id, at or None) for name, at in zip((dataset, *joined), pinned)]
         route = colocated(routes)
         request = dataclasses.replace(request, joined=tuple((r.dataset, r.epoch) for r in routes[1:]))
         return self._forward(route, request, limits, deadline)
@@ -141,6 +142,9 @@ class GatewayFlightServer(flight.FlightServerBase):
     def _run(self, tenant: str, request: QueryRequest, client_id: str) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         if not valid_id(request.dataset):
             raise InvalidRequestError(f"dataset {request.dataset!r}: not a dataset id")
+        if request.joined:  # set by the gateway for Flight SQL's joins only, never by a native client
+            raise InvalidRequestError("'joined' is not accepted in a native query ticket: a native query reads "
+                                      "one dataset (join datasets through Flight SQL)")
         limits = self.limits.effective(request)
         deadline = time.monotonic() + limits.timeout_ms / 1000
         route = self.routing.route(tenant, request.dataset, client_id, request.epoch or None)

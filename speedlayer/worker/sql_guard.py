@@ -16,53 +16,13 @@ a remembered one is never stale; refusals are not remembered (each raises anew).
 from __future__ import annotations
 
 import functools
-import json
-import threading
-from typing import Any, Iterator
 
 from speedlayer.errors import InvalidQueryError
+from speedlayer.protocol.sql_tree import cte_names as _cte_names
+from speedlayer.protocol.sql_tree import nodes as _nodes
+from speedlayer.protocol.sql_tree import parse_tree as _parse_tree
 
-_parser = None  # the parsing database, see _parser_database
-_parser_lock = threading.Lock()
 ACCEPTED_CACHE_SIZE = 4096
-
-
-def _parser_database():
-    """One in-memory DuckDB for parsing, opened once: opening one costs ~17 ms of CPU, and the
-    Flight server runs calls on threads that come and go, so a per-thread one was opened for
-    most queries. Each parse takes a cursor of it (its own connection, ~0.05 ms)."""
-    import duckdb
-
-    with _parser_lock:
-        global _parser
-        if _parser is None:
-            _parser = duckdb.connect(":memory:")
-        return _parser
-
-
-def _parse_tree(sql: str) -> dict[str, Any]:
-    with _parser_database().cursor() as cursor:
-        return json.loads(cursor.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
-
-
-def _nodes(tree: Any) -> Iterator[dict[str, Any]]:
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            yield node
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-
-
-def _cte_names(nodes: list[dict[str, Any]]) -> set[str]:
-    names: set[str] = set()
-    for node in nodes:
-        cte_map = node.get("cte_map")
-        if isinstance(cte_map, dict):
-            names.update(entry["key"].lower() for entry in cte_map.get("map", []))
-    return names
 
 
 def check_query(sql: str, dataset: str, joined: tuple[str, ...] = ()) -> None:

@@ -117,6 +117,10 @@ def test_adbc_group_by_and_parameterised_point_query_are_exact(gateways):
         assert by_day == expected
         assert cursor.adbc_execute_schema("SELECT id, day FROM orders WHERE id > 5") == \
             pa.schema([("id", pa.int64()), ("day", pa.string())])  # GetSchema: nothing read
+        # A statement ending with a comment: the gateway's schema probe wraps it (prepare, GetSchema).
+        assert cursor.adbc_execute_schema("SELECT id FROM orders -- the ids") == pa.schema([("id", pa.int64())])
+        cursor.execute("SELECT id FROM orders WHERE id = ? -- one id", parameters=(7,))
+        assert cursor.fetchall() == [(7,)]
         cursor.execute("SELECT id, day, amount FROM orders WHERE id = ?", parameters=(1234,))
         assert cursor.fetchall() == [(1234, "2024-01-02", 617.0)]
         cursor.execute("SELECT id, day, amount FROM orders WHERE id = ?", parameters=(2999,))  # same statement again
@@ -132,6 +136,20 @@ def test_adbc_group_by_and_parameterised_point_query_are_exact(gateways):
         assert cursor.fetchall() == [(10, sum(i * 0.5 for i in range(0, 30, 3)))]
     with QueryClient(gateways["plain"], "acme", token="s3cret") as native:  # the native path, unchanged
         assert native.query("orders", "SELECT count(*) AS n FROM orders").to_pylist() == [{"n": 3000}]
+
+
+def test_a_native_ticket_may_not_name_joined_datasets(gateways):
+    import pyarrow.flight as flight
+
+    from speedlayer.errors import InvalidRequestError
+    from speedlayer.protocol.query import QueryRequest, call_options, from_flight
+
+    request = QueryRequest("orders", "SELECT count(*) FROM orders JOIN items USING (id)", joined=(("items", "e1"),))
+    with flight.connect(f"grpc://{gateways['plain']}") as client:
+        with pytest.raises(flight.FlightError) as caught:
+            client.do_get(flight.Ticket(request.to_ticket()), options=call_options("acme", token="s3cret")).read_all()
+    error = from_flight(caught.value)
+    assert isinstance(error, InvalidRequestError) and "'joined' is not accepted" in str(error), error
 
 
 def test_adbc_refuses_wrong_credentials_and_another_tenants_dataset(gateways):

@@ -21,11 +21,11 @@ from speedlayer.errors import (
 from speedlayer.gateway.flight_sql import catalog
 from speedlayer.gateway.flight_sql.auth import SessionTokens, call_tenant
 from speedlayer.gateway.flight_sql.messages import ReadOnlyError, UnsupportedCommandError, pack, unpack
-from speedlayer.gateway.flight_sql.parameters import parameter_literals
-from speedlayer.gateway.flight_sql.service import FlightSqlService, _same_kind, parameter_schema
-from speedlayer.gateway.flight_sql.statements import (
-    LIMIT_HINT, AnswersAhead, PendingResults, PreparedStatements, analyse,
-)
+from speedlayer.gateway.flight_sql.held import AnswersAhead, PendingResults, PreparedStatements
+from speedlayer.gateway.flight_sql.parameters import parameter_literals, parameter_schema
+from speedlayer.gateway.flight_sql.parameters import same_kind as _same_kind
+from speedlayer.gateway.flight_sql.service import FlightSqlService
+from speedlayer.gateway.flight_sql.statements import LIMIT_HINT, analyse
 from speedlayer.gateway.routing import ReplicaEndpoint, Route
 from speedlayer.gateway.server import authenticate, colocated
 from speedlayer.protocol.query import HEADERS_MIDDLEWARE
@@ -218,14 +218,14 @@ def test_answers_started_ahead_go_to_the_same_handle_tenant_and_values_only_and_
     answer = (schema, [pa.record_batch([pa.array([1])], schema=schema)])
     ahead = AnswersAhead(capacity=2, ttl_s=60, threads=1)
     try:
-        assert ahead.start(b"h1", "acme", ("1",), "e1", lambda: answer)
+        assert ahead.start(b"h1", "acme", ("1",), ("e1",), lambda: answer)
         for tenant, values in (("other", ("1",)), ("acme", ("2",))):
-            assert ahead.start(b"h1", "acme", ("1",), "e1", lambda: answer)
+            assert ahead.start(b"h1", "acme", ("1",), ("e1",), lambda: answer)
             assert ahead.take(b"h1", tenant, values) is None  # and dropped
             assert ahead.take(b"h1", "acme", ("1",)) is None
-        assert ahead.start(b"h1", "acme", ("1",), "e1", lambda: answer)
+        assert ahead.start(b"h1", "acme", ("1",), ("e1",), lambda: answer)
         started = ahead.take(b"h1", "acme", ("1",))
-        assert started.epoch == "e1" and started.future.result() == answer
+        assert started.epochs == ("e1",) and started.future.result() == answer
         assert ahead.take(b"h1", "acme", ("1",)) is None  # taken once
 
         began, release, closed = threading.Event(), threading.Event(), []
@@ -243,9 +243,9 @@ def test_answers_started_ahead_go_to_the_same_handle_tenant_and_values_only_and_
             next(batches)  # the stream is open
             return schema, batches
 
-        assert ahead.start(b"h2", "acme", (), None, slow) and began.wait(10)
-        assert ahead.start(b"h3", "acme", (), None, lambda: answer)  # queued behind h2 (one thread)
-        assert not ahead.start(b"h4", "acme", (), None, lambda: answer)  # capacity 2
+        assert ahead.start(b"h2", "acme", (), ("e1",), slow) and began.wait(10)
+        assert ahead.start(b"h3", "acme", (), ("e1",), lambda: answer)  # queued behind h2 (one thread)
+        assert not ahead.start(b"h4", "acme", (), ("e1",), lambda: answer)  # capacity 2
         ahead.discard(b"h3")  # not begun: cancelled
         ahead.discard(b"h2")  # begun: its stream is closed once it is there
         release.set()
@@ -254,7 +254,7 @@ def test_answers_started_ahead_go_to_the_same_handle_tenant_and_values_only_and_
             time.sleep(0.01)
         assert closed and len(ahead) == 0
         expiring = AnswersAhead(ttl_s=0.0, threads=1)
-        expiring.start(b"h", "acme", (), None, lambda: answer)
+        expiring.start(b"h", "acme", (), ("e1",), lambda: answer)
         assert expiring.take(b"h", "acme", ()) is None
         expiring.close()
     finally:
@@ -404,3 +404,180 @@ def test_statements_differing_only_in_filter_literals_share_a_shape():
         shape("SELECT day, count(*) FROM orders GROUP BY day HAVING count(*) > 100")
     assert shape("SELECT 5 AS x FROM orders") != shape("SELECT 5000000000 AS x FROM orders")  # INTEGER vs BIGINT
     assert shape("SELECT id FROM orders WHERE id = 5") != shape("SELECT day FROM orders WHERE id = 5")
+
+
+# ---- review fixes: pinned joins, probes, releases, per-tenant caps, errors -------------------
+
+
+class _Routing:
+    """Routes each dataset to `epochs[dataset]` (changed by a test to make a newer epoch READY)."""
+
+    def __init__(self, epochs: dict[str, str]) -> None:
+        self.epochs = epochs
+
+    def route(self, tenant: str, dataset: str, client_id: str, epoch: str | None = None) -> Route:
+        return Route(tenant, dataset, epoch or self.epochs[dataset], 1, (ReplicaEndpoint("w1", "127.0.0.1:1"),))
+
+    def datasets(self, tenant: str) -> list[str]:
+        return sorted(self.epochs)
+
+
+class _RecordingGateway:
+    """Answers every statement with one int64 column `n` and records each run's pinned epochs."""
+
+    schema = pa.schema([("n", pa.int64())])
+
+    def __init__(self, epochs: dict[str, str]) -> None:
+        self.config = _config()
+        self.routing = _Routing(epochs)
+        self.runs: list[tuple[str, str | None, tuple[str, ...], tuple[str | None, ...]]] = []
+
+    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=(), joined_epochs=()):
+        self.runs.append((sql, epoch, tuple(joined), tuple(joined_epochs)))
+        if "syntax" in sql.split("LIMIT 0")[-1]:  # nothing follows the probe's LIMIT 0
+            raise InvalidQueryError("Parser Error: syntax error")
+        return self.schema, [pa.record_batch([pa.array([len(self.runs)])], schema=self.schema)]
+
+    def relay(self, batches, tenant, started, context):
+        return batches
+
+
+def _prepare(service, context, sql: str) -> bytes:
+    body = pack(sql_pb2.ActionCreatePreparedStatementRequest(query=sql))
+    [result] = service.do_action(context, flight.Action("CreatePreparedStatement", body))
+    packed, created = any_pb2.Any(), sql_pb2.ActionCreatePreparedStatementResult()
+    packed.ParseFromString(result.body.to_pybytes())
+    packed.Unpack(created)
+    return created.prepared_statement_handle
+
+
+def test_a_join_started_early_is_pinned_to_every_epoch_and_not_served_after_a_newer_one():
+    import time
+
+    gateway = _RecordingGateway({"orders": "o1", "items": "i1"})
+    service = FlightSqlService(gateway, authenticate)
+    context = _Context({"authorization": f"Bearer {service.sessions.issue('acme')}"})
+    try:
+        handle = _prepare(service, context, "SELECT count(*) AS n FROM orders JOIN items USING (id)")
+        deadline = time.monotonic() + 10
+        while not any(run[0].startswith("SELECT count") for run in gateway.runs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        early = [run for run in gateway.runs if run[0].startswith("SELECT count")]
+        assert early == [(early[0][0], "i1", ("orders",), ("o1",))]  # every dataset pinned (items routes)
+        probes = [run for run in gateway.runs if "speedlayer_probe" in run[0]]
+        assert probes and all(run[1:] == ("i1", ("orders",), ("o1",)) for run in probes)
+        gateway.routing.epochs["orders"] = "o2"  # a newer READY epoch of the joined dataset
+        before = len(gateway.runs)
+        service.get_flight_info(context, _descriptor(sql_pb2.CommandPreparedStatementQuery(
+            prepared_statement_handle=handle)))
+        # The early answer (orders o1) is dropped: the statement runs again, on the newest epochs.
+        assert [run[1:] for run in gateway.runs[before:]] == [(None, ("orders",), ())]
+    finally:
+        service.close()
+
+
+def test_the_schema_probe_survives_a_statement_ending_with_a_comment():
+    from speedlayer.gateway.flight_sql.service import probe_sql
+
+    duckdb = pytest.importorskip("duckdb")
+    for sql in ("SELECT 1 AS n -- the end", "SELECT 1 AS n -- the end;", "SELECT 1 AS n;"):
+        probe = probe_sql(analyse(sql.replace("SELECT 1 AS n", "SELECT 1 AS n FROM orders"), "acme"))
+        with duckdb.connect() as conn:
+            conn.execute("CREATE TABLE orders AS SELECT 1 AS id")
+            assert [d[0] for d in conn.execute(probe).description] == ["n"], probe
+
+
+def test_a_session_token_with_a_non_ascii_signature_is_unauthenticated():
+    sessions = SessionTokens(_config(flight_sql_session_ttl_s=60))
+    token = sessions.issue("acme")
+    for forged in (token[:-1] + "é", token.replace(".", ".é", 2), "sls1.é.x"):
+        with pytest.raises(UnauthenticatedError):
+            sessions.verify(forged)
+
+
+def _stream(closed: list[str], name: str):
+    schema = pa.schema([("n", pa.int64())])
+
+    def batches():
+        try:
+            yield pa.record_batch([pa.array([1])], schema=schema)
+        finally:
+            closed.append(name)
+
+    started = batches()
+    next(started)  # open, as a worker's stream is
+    return started
+
+
+def test_pending_results_release_what_they_refuse_or_expire_and_are_capped_per_tenant():
+    import time
+
+    from speedlayer.errors import GatewayStateExhaustedError
+
+    closed: list[str] = []
+    pending = PendingResults(ttl_s=60, capacity=3, per_tenant=2)
+    kept = [pending.put("acme", pa.schema([]), _stream(closed, f"a{i}")) for i in range(2)]
+    with pytest.raises(GatewayStateExhaustedError, match="for tenant 'acme'") as refused:
+        pending.put("acme", pa.schema([]), _stream(closed, "refused"))
+    assert refused.value.status_name == "RESOURCE_EXHAUSTED" and closed == ["refused"]
+    pending.put("other", pa.schema([]), iter([]))  # another tenant still has room
+    with pytest.raises(GatewayStateExhaustedError, match="at this gateway"):
+        pending.put("third", pa.schema([]), iter([]))
+    pending.take("acme", kept[0])
+    short = PendingResults(ttl_s=0.01)
+    short.put("acme", pa.schema([]), _stream(closed, "expired"))
+    time.sleep(0.02)
+    assert len(short) == 0 and closed[-1] == "expired"
+
+
+def test_prepared_statements_are_capped_per_tenant_without_evicting_another_tenants():
+    from speedlayer.errors import GatewayStateExhaustedError
+
+    prepared = PreparedStatements(capacity=3, per_tenant=2)
+    statement = analyse("SELECT * FROM orders", "acme")
+    other = prepared.create("other", statement)
+    first, second, third = (prepared.create("acme", statement) for _ in range(3))
+    with pytest.raises(NotFoundError):
+        prepared.get("acme", first)  # the tenant's own oldest went
+    assert prepared.get("other", other) and prepared.get("acme", second) and prepared.get("acme", third)
+    with pytest.raises(GatewayStateExhaustedError, match="prepared statements are open"):
+        prepared.create("third", statement)
+    assert prepared.get("other", other)
+
+
+def test_answers_ahead_are_capped_per_tenant_and_expired_ones_are_dropped_on_len_and_take():
+    import time
+
+    schema = pa.schema([("n", pa.int64())])
+    closed: list[str] = []
+    ahead = AnswersAhead(capacity=4, ttl_s=60, threads=1, per_tenant=1)
+    try:
+        assert ahead.start(b"a", "acme", (), ("e1",), lambda: (schema, []))
+        assert not ahead.start(b"b", "acme", (), ("e1",), lambda: (schema, []))
+        assert ahead.start(b"c", "other", (), ("e1",), lambda: (schema, []))
+    finally:
+        ahead.close()
+    short = AnswersAhead(ttl_s=0.05, threads=1)
+    try:
+        short.start(b"a", "acme", (), ("e1",), lambda: (schema, _stream(closed, "a")))
+        short.start(b"b", "acme", (), ("e1",), lambda: (schema, _stream(closed, "b")))
+        time.sleep(0.1)
+        assert short.take(b"a", "acme", ()) is None and len(short) == 0
+        deadline = time.monotonic() + 10
+        while len(closed) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(closed) == ["a", "b"]
+    finally:
+        short.close()
+
+
+def test_read_only_and_unsupported_commands_are_unimplemented_not_invalid_and_survive_flight():
+    from danube_core.errors import UnimplementedError
+    from speedlayer.protocol.query import from_flight, to_flight
+
+    for cls in (ReadOnlyError, UnsupportedCommandError):
+        error = cls("no writes")
+        assert isinstance(error, UnimplementedError) and error.status_name == "UNIMPLEMENTED"
+        assert not isinstance(error, (ValueError, InvalidRequestError))
+        rebuilt = from_flight(to_flight(error))
+        assert type(rebuilt) is cls and str(rebuilt) == "no writes"

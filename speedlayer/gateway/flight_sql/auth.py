@@ -75,11 +75,12 @@ class SessionTokens:
             payload, signature = token[len(SESSION_PREFIX):].split(".")
             tenant, expires = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode().rsplit(":", 1)
             expires_at = int(expires)
-        except ValueError as exc:
+            signed = signature.encode("ascii")  # str compare_digest refuses non-ASCII: compare bytes
+        except ValueError as exc:  # UnicodeError, binascii.Error are ValueErrors
             raise UnauthenticatedError("the bearer token is not a session token of this gateway: "
                                        "Handshake again with the tenant and its token") from exc
         if not token.startswith(SESSION_PREFIX) or not valid_id(tenant) or \
-                not hmac.compare_digest(signature, self._sign(tenant, payload)):
+                not hmac.compare_digest(signed, self._sign(tenant, payload).encode("ascii")):
             raise UnauthenticatedError("the bearer token is not valid (wrong signature, or the tenant's token "
                                        "changed): Handshake again with the tenant and its token")
         if len(self._verified) >= VERIFIED_CACHE_SIZE:

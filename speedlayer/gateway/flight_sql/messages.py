@@ -14,6 +14,8 @@ from google.protobuf.message import DecodeError, Message
 
 from speedlayer.api import flight_sql_pb2 as sql_pb2
 from speedlayer.errors import InvalidRequestError
+from speedlayer.errors import ReadOnlyError as ReadOnlyError  # re-exported: raised for Flight SQL's writes
+from speedlayer.errors import UnsupportedCommandError as UnsupportedCommandError
 
 TYPE_PREFIX = "type.googleapis.com/arrow.flight.protocol.sql."
 
@@ -37,12 +39,6 @@ ACTION_CREATE_PREPARED = "CreatePreparedStatement"
 ACTION_CLOSE_PREPARED = "ClosePreparedStatement"
 READ_ONLY_ACTIONS = frozenset({"BeginTransaction", "EndTransaction", "BeginSavepoint", "EndSavepoint",
                                "CreatePreparedSubstraitPlan"})
-
-
-class ReadOnlyError(InvalidRequestError):
-    """A write or transaction command: the speed layer serves reads only."""
-
-    status_name = "UNIMPLEMENTED"
 
 
 def unpack(raw: bytes, where: str) -> Message:
@@ -84,9 +80,3 @@ def pack(message: Message) -> bytes:
     packed = any_pb2.Any()
     packed.Pack(message)
     return packed.SerializeToString()
-
-
-class UnsupportedCommandError(InvalidRequestError):
-    """A Flight SQL command this server does not implement (XDBC type info, Substrait, ...)."""
-
-    status_name = "UNIMPLEMENTED"

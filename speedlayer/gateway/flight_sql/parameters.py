@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from speedlayer.errors import InvalidRequestError
+from speedlayer.gateway.flight_sql.statements import LIMIT_HINT, Statement
 
 
 def _sql_type(arrow_type: pa.DataType) -> str | None:
@@ -84,3 +85,38 @@ def parameter_literals(batch: pa.RecordBatch | pa.Table, expected: int) -> tuple
                                       f"bind a number, string, boolean, binary, date, time, timestamp or decimal")
         literals.append(_literal(column[0].as_py(), sql_type))
     return tuple(literals)
+
+
+def parameter_schema(statement: Statement, columns: pa.Schema) -> pa.Schema:
+    """Typed parameters for drivers that bind by type (JDBC): a parameter compared with a column
+    has the column's type, a LIMIT count int64, any other a string (DuckDB casts it)."""
+    fields = []
+    for index, hint in enumerate(statement.parameter_hints, start=1):
+        if hint == LIMIT_HINT:
+            arrow_type = pa.int64()
+        elif hint is not None and hint in columns.names:
+            arrow_type = columns.field(hint).type
+        else:
+            arrow_type = pa.utf8()
+        fields.append(pa.field(f"parameter_{index}", arrow_type))
+    return pa.schema(fields)
+
+
+_KINDS = (pa.types.is_null, lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+          lambda t: pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t),
+          pa.types.is_boolean, pa.types.is_temporal, lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def same_kind(value: pa.DataType, column: pa.DataType) -> bool:
+    """A value of type `value` compares with a column of type `column` without a conversion that
+    can fail (NULL compares with anything)."""
+    return pa.types.is_null(value) or any(kind(value) and kind(column) for kind in _KINDS[1:])
+
+
+def merged(schemas: list[pa.Schema]) -> pa.Schema:
+    """The columns of several datasets, a name's first occurrence winning (for parameter types)."""
+    fields: dict[str, pa.Field] = {}
+    for schema in schemas:
+        for field in schema:
+            fields.setdefault(field.name, field)
+    return pa.schema(list(fields.values()))

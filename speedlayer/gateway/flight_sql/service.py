@@ -42,11 +42,11 @@ from speedlayer.gateway.flight_sql.messages import (
     ACTION_CLOSE_PREPARED, ACTION_CREATE_PREPARED, READ_ONLY_ACTIONS, ReadOnlyError, UnsupportedCommandError, pack,
     unpack, unpack_as,
 )
-from speedlayer.gateway.flight_sql.parameters import parameter_literals
-from speedlayer.gateway.flight_sql.statements import (
-    LIMIT_HINT, AnswersAhead, PendingResults, PreparedStatement, PreparedStatements, Statement, StartedAnswer,
-    analyse, drop,
+from speedlayer.gateway.flight_sql.held import (
+    AnswersAhead, Binding, Later, PendingResults, PreparedStatement, PreparedStatements, StartedAnswer, Streamed, drop,
 )
+from speedlayer.gateway.flight_sql.parameters import merged, parameter_literals, parameter_schema, same_kind
+from speedlayer.gateway.flight_sql.statements import Statement, analyse
 from speedlayer.gateway.routing import RoutingTable
 from speedlayer.observability.metrics import GATEWAY_QUERIES, GATEWAY_QUERY_SECONDS
 from speedlayer.protocol.query import CLIENT_HEADER, call_headers, to_flight
@@ -68,7 +68,8 @@ class StatementRunner(Protocol):
     routing: RoutingTable
 
     def run_sql(self, tenant: str, dataset: str, sql: str, client_id: str, epoch: str | None = None,
-                joined: tuple[str, ...] = ()) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
+                joined: tuple[str, ...] = (), joined_epochs: tuple[str | None, ...] = (),
+                ) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
 
     def relay(self, batches: Iterator[pa.RecordBatch], tenant: str, started: float,
               context: flight.ServerCallContext) -> Iterator[pa.RecordBatch]: ...
@@ -120,14 +121,9 @@ class FlightSqlService:
         tenant, client_id = self._caller(context)
         command = unpack(descriptor.command or b"", "GetFlightInfo")
         schema, batches, is_statement = self._answer(tenant, client_id, command)
-        if is_statement and not isinstance(batches, _Later):
-            batches = _Statement(batches)
-        try:
-            handle = self.pending.put(tenant, schema, batches)
-        except SpeedLayerError:
-            if isinstance(batches, _Later):
-                drop(batches.future)
-            raise
+        if is_statement and not isinstance(batches, Later):
+            batches = Streamed(batches)
+        handle = self.pending.put(tenant, schema, batches)  # refused: released there
         ticket = pack(sql_pb2.TicketStatementQuery(statement_handle=handle))
         return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1)
 
@@ -148,9 +144,9 @@ class FlightSqlService:
         tenant, _ = self._caller(context)
         message = unpack_as(ticket, sql_pb2.TicketStatementQuery, "DoGet ticket")
         schema, batches = self.pending.take(tenant, message.statement_handle)
-        if isinstance(batches, _Later):
+        if isinstance(batches, Later):
             batches = batches.wait()
-        if isinstance(batches, _Statement):
+        if isinstance(batches, Streamed):
             if isinstance(batches.batches, list):  # the whole answer is here: streamed without Python
                 GATEWAY_QUERIES.labels(tenant=tenant, outcome="OK").inc()
                 GATEWAY_QUERY_SECONDS.observe(time.perf_counter() - started)
@@ -169,8 +165,8 @@ class FlightSqlService:
         prepared = self.prepared.get(tenant, command.prepared_statement_handle)
         parameters = reader.read_all()
         literals = parameter_literals(parameters, prepared.statement.parameter_count)
-        prepared.literals = literals
-        prepared.values_fit_columns = self._values_fit_columns(tenant, client_id, prepared.statement, parameters.schema)
+        fits = self._values_fit_columns(tenant, client_id, prepared.statement, parameters.schema)
+        prepared.bound = Binding(literals, fits)  # one object, replaced at once: never half of a binding
         # Started once this handler has no more Python to run but its reply (measured: no difference).
         self._run_ahead(tenant, client_id, command.prepared_statement_handle, prepared)
         result = sql_pb2.DoPutPreparedStatementResult(prepared_statement_handle=command.prepared_statement_handle)
@@ -219,15 +215,15 @@ class FlightSqlService:
             return (*self.gateway.run_sql(tenant, dataset, statement.render(), client_id, joined=joined), True)
         if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self.prepared.get(tenant, command.prepared_statement_handle)
-            statement = prepared.statement
-            if statement.parameter_count and prepared.literals is None:
+            statement, bound = prepared.statement, prepared.bound
+            if statement.parameter_count and bound.literals is None:
                 raise InvalidRequestError(f"the prepared statement takes {statement.parameter_count} parameter(s) "
                                           f"and none were bound (DoPut)")
-            literals = prepared.literals or ()
+            literals = bound.literals or ()
             answer = self.ahead.take(command.prepared_statement_handle, tenant, literals)
             if answer is not None:
                 held = self._started_answer(tenant, client_id, statement, answer,
-                                            bool(statement.parameter_count) and prepared.values_fit_columns)
+                                            bool(statement.parameter_count) and bound.values_fit_columns)
                 if held is not None:
                     return (*held, True)
             dataset, joined = statement.targets()
@@ -267,7 +263,7 @@ class FlightSqlService:
             raise ReadOnlyError("transactions are not supported: the speed layer is read-only")
         statement = analyse(request.query, tenant)
         dataset, joined = statement.targets()
-        columns = _merged([self._dataset_schema(tenant, name, client_id) for name in (dataset, *joined)])
+        columns = merged([self._dataset_schema(tenant, name, client_id) for name in (dataset, *joined)])
         result_schema = self._probe_schema(tenant, client_id, statement)
         handle = self.prepared.create(tenant, statement)
         if not statement.parameter_count:  # nothing to bind: it can start now
@@ -280,40 +276,45 @@ class FlightSqlService:
 
     def _run_ahead(self, tenant: str, client_id: str, handle: bytes, prepared: PreparedStatement) -> None:
         """Start `prepared` with its bound values for the GetFlightInfo that usually follows, pinned
-        to the dataset's newest READY epoch (a join: each dataset's, chosen as it runs). Nothing is
+        to the newest READY epoch of each dataset it reads (a join: every one's). Nothing is
         started if it cannot be routed now: GetFlightInfo runs it and reports why."""
-        statement, literals = prepared.statement, prepared.literals or ()
+        bound = prepared.bound
+        literals = bound.literals or ()
         try:
-            dataset, joined = statement.targets()
-            sql = statement.render(literals)
-            epoch = None if joined else self.gateway.routing.route(tenant, dataset, client_id).epoch
+            dataset, joined = prepared.statement.targets()
+            sql = prepared.statement.render(literals)
+            epochs = self._newest_epochs(tenant, client_id, (dataset, *joined))
         except SpeedLayerError:
             return
-        self.ahead.start(handle, tenant, literals, epoch,
-                         lambda: self.gateway.run_sql(tenant, dataset, sql, client_id, epoch, joined=joined))
+        self.ahead.start(handle, tenant, literals, epochs,
+                         lambda: self.gateway.run_sql(tenant, dataset, sql, client_id, epochs[0], joined=joined,
+                                                      joined_epochs=epochs[1:]))
+
+    def _newest_epochs(self, tenant: str, client_id: str, datasets: tuple[str, ...]) -> tuple[str, ...]:
+        """The newest READY epoch of each of `datasets` (SpeedLayerError if one has none)."""
+        return tuple(self.gateway.routing.route(tenant, name, client_id).epoch for name in datasets)
 
     def _started_answer(self, tenant: str, client_id: str, statement: Statement, answer: StartedAnswer,
                         fits: bool) -> tuple[pa.Schema, Any] | None:
         """The schema and batches of an answer started ahead, or None (dropped: run the statement
         now) if it has not begun or its epoch is no longer the dataset's newest READY one. While it
-        is being computed, it is a `_Later` (DoGet waits for it) if its schema is known before it
+        is being computed, it is a `Later` (DoGet waits for it) if its schema is known before it
         (the statement's shape was probed on that epoch) and the values bound `fits` the columns
         (so the worker can refuse nothing the statement would not refuse with other values: such
         errors still come from GetFlightInfo, as for a statement run then)."""
-        if answer.epoch is not None:
-            dataset, _ = statement.targets()
-            try:
-                newest = self.gateway.routing.route(tenant, dataset, client_id).epoch
-            except SpeedLayerError:
-                newest = None
-            if newest != answer.epoch:
-                drop(answer.future)
-                return None
-        if answer.future.running() and answer.epoch is not None and statement.fixed_schema and fits:
-            key = (tenant, statement.shape, (answer.epoch,))
+        dataset, joined = statement.targets()
+        try:
+            newest: tuple[str, ...] | None = self._newest_epochs(tenant, client_id, (dataset, *joined))
+        except SpeedLayerError:
+            newest = None
+        if newest != answer.epochs:
+            drop(answer.future)
+            return None
+        if answer.future.running() and statement.fixed_schema and fits:
+            key = (tenant, statement.shape, answer.epochs)
             schema = self._probed.get(key)
             if schema is not None:
-                return schema, _Later(answer.future, schema, lambda: self._probed.pop(key, None))
+                return schema, Later(answer.future, schema, lambda: self._probed.pop(key, None))
         if answer.future.cancel():  # not begun (the pool is busy): the caller runs it
             return None
         return answer.future.result()
@@ -326,11 +327,11 @@ class FlightSqlService:
             return False
         try:
             dataset, joined = statement.targets()
-            columns = _merged([self._dataset_schema(tenant, name, client_id) for name in (dataset, *joined)])
+            columns = merged([self._dataset_schema(tenant, name, client_id) for name in (dataset, *joined)])
         except SpeedLayerError:
             return False
         expected = parameter_schema(statement, columns)
-        return all(_same_kind(value.type, column.type) for value, column in zip(bound, expected))
+        return all(same_kind(value.type, column.type) for value, column in zip(bound, expected))
 
     def close(self) -> None:
         """Drop the answers started ahead and stop their pool (the gateway is shutting down)."""
@@ -344,14 +345,14 @@ class FlightSqlService:
         statement shape and epochs: drivers prepare every statement they run (ADBC, JDBC), and a
         dashboard's statements differ mostly in their filters' literals, which change no column."""
         dataset, joined = statement.targets()
-        epochs = tuple(self.gateway.routing.route(tenant, name, client_id).epoch for name in (dataset, *joined))
+        epochs = self._newest_epochs(tenant, client_id, (dataset, *joined))
         key = (tenant, statement.shape, epochs)
         schema = self._probed.get(key)
         if schema is not None:
             return schema
-        probe = statement.render(("NULL",) * statement.parameter_count).rstrip().rstrip(";")
-        schema, batches = self.gateway.run_sql(
-            tenant, dataset, f"SELECT * FROM ({probe}) AS speedlayer_probe LIMIT 0", client_id, joined=joined)
+        # The closing parenthesis on a line of its own: a statement may end with a `--` comment.
+        schema, batches = self.gateway.run_sql(tenant, dataset, probe_sql(statement), client_id, epochs[0],
+                                               joined=joined, joined_epochs=epochs[1:])
         for _ in batches:
             pass
         if len(self._probed) >= SCHEMA_CACHE_SIZE:
@@ -381,81 +382,10 @@ class FlightSqlService:
             return None
 
 
-class _Statement:
-    """A pending statement's batches (relayed with the gateway's query metrics at DoGet); a list
-    when the answer is complete."""
-
-    def __init__(self, batches: Iterable[pa.RecordBatch]) -> None:
-        self.batches = batches
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        return iter(self.batches)
-
-
-class _Later:
-    """A statement's answer still being computed, announced with `schema` (its shape's on the
-    answer's epoch); `DoGet` waits for it (within the statement's deadline)."""
-
-    def __init__(self, future: Any, schema: pa.Schema, forget_schema: Callable[[], Any]) -> None:
-        self.future, self.schema, self._forget_schema = future, schema, forget_schema
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        return iter(self.wait())
-
-    def wait(self) -> _Statement:
-        schema, batches = self.future.result()
-        if schema.equals(self.schema):
-            return _Statement(batches)
-        self._forget_schema()  # not expected (same shape, same epoch); the next execution re-probes
-        if isinstance(batches, list):
-            try:
-                return _Statement(pa.Table.from_batches(batches, schema).cast(self.schema).to_batches())
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
-                pass
-        drop_batches(batches)
-        raise ReplicaUnavailableError(f"the answer's columns ({schema}) differ from those announced for the "
-                                      f"statement ({self.schema}): execute it again")
-
-
-def drop_batches(batches: Iterable[pa.RecordBatch]) -> None:
-    close = getattr(batches, "close", None)
-    if close is not None:
-        close()
-
-
-def parameter_schema(statement: Statement, columns: pa.Schema) -> pa.Schema:
-    """Typed parameters for drivers that bind by type (JDBC): a parameter compared with a column
-    has the column's type, a LIMIT count int64, any other a string (DuckDB casts it)."""
-    fields = []
-    for index, hint in enumerate(statement.parameter_hints, start=1):
-        if hint == LIMIT_HINT:
-            arrow_type = pa.int64()
-        elif hint is not None and hint in columns.names:
-            arrow_type = columns.field(hint).type
-        else:
-            arrow_type = pa.utf8()
-        fields.append(pa.field(f"parameter_{index}", arrow_type))
-    return pa.schema(fields)
-
-
-_KINDS = (pa.types.is_null, lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
-          lambda t: pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t),
-          pa.types.is_boolean, pa.types.is_temporal, lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t))
-
-
-def _same_kind(value: pa.DataType, column: pa.DataType) -> bool:
-    """A value of type `value` compares with a column of type `column` without a conversion that
-    can fail (NULL compares with anything)."""
-    return pa.types.is_null(value) or any(kind(value) and kind(column) for kind in _KINDS[1:])
-
-
-def _merged(schemas: list[pa.Schema]) -> pa.Schema:
-    """The columns of several datasets, a name's first occurrence winning (for parameter types)."""
-    fields: dict[str, pa.Field] = {}
-    for schema in schemas:
-        for field in schema:
-            fields.setdefault(field.name, field)
-    return pa.schema(list(fields.values()))
+def probe_sql(statement: Statement) -> str:
+    """`statement` (NULL for each parameter) returning no rows: its answer's schema only."""
+    probe = statement.render(("NULL",) * statement.parameter_count).rstrip().rstrip(";")
+    return f"SELECT * FROM ({probe}\n) AS speedlayer_probe LIMIT 0"
 
 
 def _optional(message: Any, name: str) -> str | None:
