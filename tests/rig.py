@@ -3,6 +3,7 @@ subprocess output checks."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -119,9 +120,12 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
-def run_module(module: str, *args: str, timeout_s: float = 60.0) -> tuple[subprocess.CompletedProcess, float]:
-    """`python -m module args...` from the checkout, output captured: the result and its seconds."""
+def run_module(module: str, *args: str, timeout_s: float = 60.0,
+               env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """`python -m module args...` from the checkout, output captured (`env`: variables to set
+    or, with an empty value, to remove): the result and its seconds."""
+    environ = {**os.environ, **(env or {})}
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=REPO_ROOT)
+                          timeout=timeout_s, cwd=REPO_ROOT, env={k: v for k, v in environ.items() if v})
     return done, time.perf_counter() - started

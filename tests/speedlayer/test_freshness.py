@@ -129,6 +129,8 @@ def test_optimize_is_rebuilt_and_swapped_without_a_wrong_count(followed):
         DeltaTable(path).optimize.compact()
         announce(cluster, path, 4)
         eventually(lambda: (s := served_rows(agent)) and s[1] == 4, deadline_s=60)
+        # The watcher samples in a thread of its own: wait until it has seen the swap too.
+        eventually(lambda: any(s and s[1] == 4 for s in seen), deadline_s=30)
     finally:
         stop.set()
         watcher.join()
