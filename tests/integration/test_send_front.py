@@ -356,3 +356,39 @@ def test_a_taken_client_port_stops_the_broker_with_a_message_naming_it(etcd_endp
                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and str(broker.config_path) in done.stderr
+
+
+def test_a_client_sending_many_tiny_data_frames_keeps_its_connection():
+    """The same h2 budget on the front's side facing clients: a client's small frames (its many
+    acks) wait unread while the front is busy, here while its upstream has not answered yet.
+    The front must not close the connection (GOAWAY ENHANCE_YOUR_CALM) and fail every call on it."""
+    frame = _TinyFrameUpstream.frame
+
+    async def scenario() -> None:
+        silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts, never answers
+        front = GrpcFront("127.0.0.1:0", f"127.0.0.1:{silent.sockets[0].getsockname()[1]}", 1000)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+            path = b"/danube_api.ConsumerService/Ack"
+            headers = (b"\x83\x86" + b"\x04" + bytes([len(path)]) + path  # :method POST, :scheme http, :path
+                       + b"\x01\x09127.0.0.1" + b"\x0f\x10" + bytes([16]) + b"application/grpc")
+            body = b"\x00" + (2000).to_bytes(4, "big") + b"\x00" * 2000
+            writer.write(_TinyFrameUpstream.PREFACE + frame(4, 0, 0) + frame(1, 0x4, 1, headers)
+                         + b"".join(frame(0, 0, 1, body[i:i + 1]) for i in range(len(body))))
+            await writer.drain()
+            goaway = None
+            try:
+                while goaway is None:
+                    header = await asyncio.wait_for(reader.readexactly(9), 3.0)
+                    payload = await reader.readexactly(int.from_bytes(header[:3], "big"))
+                    if header[3] == 7:
+                        goaway = payload[8:]
+            except asyncio.TimeoutError:
+                pass  # three quiet seconds: the front kept the connection
+            assert goaway is None, f"the front closed the connection: GOAWAY {goaway!r}"
+            writer.close()
+        finally:
+            await asyncio.to_thread(front.close)
+            silent.close()
+
+    asyncio.run(scenario())

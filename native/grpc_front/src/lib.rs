@@ -285,9 +285,14 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
             // As Python's gRPC server: no limit on a connection's concurrent calls (a client's
             // long ReceiveMessages streams must not hold back its sends), and flow-control
             // windows that grow with the traffic, for large messages.
+            // Fixed windows, not adaptive ones: h2 closes a connection whose small unread DATA
+            // frames pass half its connection window (GOAWAY ENHANCE_YOUR_CALM), and a client's
+            // many small acks wait unread while the machine is busy; the stream window bounds
+            // what one call buffers.
             let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .max_concurrent_streams(None)
-                .adaptive_window(true)
+                .initial_stream_window_size(UPSTREAM_STREAM_WINDOW)
+                .initial_connection_window_size(UPSTREAM_CONNECTION_WINDOW)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             tokio::select! {
