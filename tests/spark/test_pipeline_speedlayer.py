@@ -37,7 +37,7 @@ def test_pipeline_commits_are_announced_and_become_epochs(lake, tmp_path_factory
         topic.append(5)
         config = lake.config([topic.name], decode={"format": "raw"}, rules=None)
         config = dataclasses.replace(config, speedlayer=SpeedLayerFeed(
-            "acme", "events", etcd_endpoints=cluster.etcd.endpoint))
+            "acme", "events", etcd_endpoints=cluster.etcd_endpoint))
         first = lake.run(config)
         assert first.metrics.totals()["announced"] == 1 and first.metrics.totals()["announce_failures"] == 0
 
@@ -90,7 +90,7 @@ def test_committed_rows_are_answered_through_the_gateway_once_while_the_pipeline
         topic.append(20)
         config = lake.config([topic.name], decode={"format": "raw"}, rules=None)
         config = dataclasses.replace(config, speedlayer=SpeedLayerFeed(
-            "acme", "feed", etcd_endpoints=cluster.etcd.endpoint))
+            "acme", "feed", etcd_endpoints=cluster.etcd_endpoint))
         lake.run(config)
         client = cluster.client()
         eventually(lambda: len(client.workers("acme").workers) == 1, deadline_s=30)

@@ -64,7 +64,8 @@ class SpeedLayerCluster:
         self.root = root
         self.own_etcd = RestartableEtcd(root / "etcd") if etcd_endpoint is None else None
         self.etcd_endpoint = etcd_endpoint or self.own_etcd.endpoint  # type: ignore[union-attr]
-        self.keys = SpeedLayerKeys(root=f"/speedlayer-{uuid.uuid4().hex[:8]}")
+        # A shared etcd: keys under a root of this cluster's own; its own etcd: the seed's layout.
+        self.keys = SpeedLayerKeys(root=f"/speedlayer-{uuid.uuid4().hex[:8]}" if etcd_endpoint else "")
         self.config_path = root / "speedlayer.yaml"
         self.config_path.write_text(json.dumps({
             "etcd": self._etcd_section(),
