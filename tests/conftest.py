@@ -22,6 +22,9 @@ from devstack.ports import free_port, wait_for_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# DANUBE_TEST_CPU_REPORT=<file>: one JSON line per test with the CPU it and its processes used.
+pytest_plugins = ["tests.cpu_report"]
+
 # Each test directory is one marker, so `-m integration` (or spark, speedlayer) selects the whole
 # directory; the markers are declared in setup.cfg. `-m unit` selects every test that needs no
 # server: all of tests/unit, and the modules of other directories that mark themselves `unit`
