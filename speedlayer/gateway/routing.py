@@ -109,7 +109,9 @@ class RoutingTable:
         self._tenants = LocalCache(store, [keys.tenants_prefix], name="gateway-tenants")
         self._parsed: dict[str, tuple[bytes, AssignmentRecord]] = {}
         self._suspects: dict[str, float] = {}
-        self._known: dict[tuple[str, str], str] = {}  # (tenant, worker) -> last registered address
+        # {tenant: {worker: last registered address}}: a route reads its own tenant's workers only,
+        # so its cost does not grow with the cluster's other tenants.
+        self._known: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 
     def start(self) -> "RoutingTable":
@@ -117,12 +119,15 @@ class RoutingTable:
         self._workers.start()
         self._tenants.start()
         self._workers.subscribe(self._keys.workers_prefix, self._worker_event)
-        # Evicted epochs' parsed records go with their keys (a new epoch per commit adds up).
-        self._assignments.subscribe(self._keys.assignments_prefix,
-                                    lambda event: event.kind == "delete" and self._parsed.pop(event.key, None))
+        self._assignments.subscribe(self._keys.assignments_prefix, self._assignment_event)
         for key, raw in self._workers.get_prefix(self._keys.workers_prefix):
             self._worker_event(WatchEvent("put", key, raw))
         return self
+
+    def _assignment_event(self, event: WatchEvent) -> None:
+        # Evicted epochs' parsed records go with their keys (a new epoch per commit adds up).
+        if event.kind == "delete":
+            self._parsed.pop(event.key, None)
 
     def _worker_event(self, event: WatchEvent) -> None:
         if event.kind != "put" or event.value is None:
@@ -134,7 +139,8 @@ class RoutingTable:
             return
         if address:
             with self._lock:
-                self._known[self._keys.parse_worker(event.key)] = address
+                tenant, worker = self._keys.parse_worker(event.key)
+                self._known.setdefault(tenant, {})[worker] = address
 
     def close(self) -> None:
         self._assignments.close()
@@ -165,7 +171,7 @@ class RoutingTable:
     def addresses(self, tenant: str) -> dict[str, str]:
         """{worker: last registered query address} of every worker of the tenant ever seen."""
         with self._lock:
-            return {w: a for (t, w), a in self._known.items() if t == tenant}
+            return dict(self._known.get(tenant, {}))
 
     def records(self, tenant: str, dataset: str) -> list[AssignmentRecord]:
         records = []
@@ -211,7 +217,7 @@ class RoutingTable:
         """The speed layer has something of `tenant`: an epoch, a worker (live, or seen by this
         gateway), a config or a followed dataset."""
         with self._lock:
-            seen = any(t == tenant for t, _ in self._known)
+            seen = bool(self._known.get(tenant))
         return seen or any(cache.get_prefix(prefix, keys_only=True) for cache, prefix in (
             (self._assignments, self._keys.tenant_assignments_prefix(tenant)),
             (self._workers, self._keys.tenant_workers_prefix(tenant)),

@@ -134,7 +134,7 @@ class GatewayFlightServer(flight.FlightServerBase):
         request = dataclasses.replace(request, joined=tuple((r.dataset, r.epoch) for r in routes[1:]))
         return self._forward(route, request, limits, deadline)
 
-    def relay(self, batches: Iterator[pa.RecordBatch], tenant: str, started: float,
+    def relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
               context: flight.ServerCallContext) -> Iterator[pa.RecordBatch]:
         """`batches` sent on, counted in the gateway's query metrics, stopped if the caller cancels."""
         return self._relay(batches, tenant, started, context)
@@ -195,7 +195,7 @@ class GatewayFlightServer(flight.FlightServerBase):
             raise from_flight(exc) from exc
         return schema, _chain(buffered, reader)
 
-    def _relay(self, batches: Iterator[pa.RecordBatch], tenant: str, started: float,
+    def _relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
                context: flight.ServerCallContext) -> Iterator[pa.RecordBatch]:
         outcome = "OK"
         try:

@@ -138,6 +138,28 @@ def test_adbc_group_by_and_parameterised_point_query_are_exact(gateways):
         assert native.query("orders", "SELECT count(*) AS n FROM orders").to_pylist() == [{"n": 3000}]
 
 
+def test_a_statement_with_semicolons_and_comments_after_it_runs_as_the_statement_without_them(gateways):
+    # Bug: `...; -- lookup` failed its schema probe (the probe wrapped the text as a subquery,
+    # which the `;` ended), so ADBC could not prepare it.
+    with _connect(gateways["plain"]) as conn, conn.cursor() as cursor:
+        assert cursor.adbc_execute_schema("SELECT id, day FROM orders WHERE id > 5; -- the ids") == \
+            pa.schema([("id", pa.int64()), ("day", pa.string())])
+        cursor.execute("SELECT id, day FROM orders WHERE id = ?; -- lookup", parameters=(7,))
+        assert cursor.fetchall() == [(7, "2024-01-02")]
+        cursor.execute("SELECT count(*) AS n FROM orders WHERE day = ? /* by day; */ ;;", parameters=("2024-01-03",))
+        assert cursor.fetchall() == [(1000,)]
+        cursor.execute("SELECT id FROM orders WHERE id = ?;\n-- one\n/* two; */ ;\n", parameters=(12,))
+        assert cursor.fetchall() == [(12,)]
+        cursor.execute("SELECT ';--' AS text, id FROM orders WHERE id = 3;;; -- literal SQL")
+        assert cursor.fetchall() == [(";--", 3)]
+        for sql, parameters in (("SELECT id FROM orders WHERE id = ?; SELECT * FROM items", (1,)),
+                                ("SELECT id FROM orders; -- first\nDROP TABLE orders", None)):
+            with pytest.raises(adbc_manager.Error, match="after the first ';' comes another statement, "
+                                                         "'(SELECT \\* FROM items|DROP TABLE orders)'") as caught:
+                cursor.execute(sql, parameters=parameters)
+            assert "INVALID_ARGUMENT" in str(caught.value) or "InvalidArgument" in str(caught.value), caught.value
+
+
 def test_a_native_ticket_may_not_name_joined_datasets(gateways):
     import pyarrow.flight as flight
 

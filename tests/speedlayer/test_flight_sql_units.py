@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import re
 from typing import Iterator
 
 import pyarrow as pa
@@ -480,11 +481,23 @@ def test_the_schema_probe_survives_a_statement_ending_with_a_comment():
     from speedlayer.gateway.flight_sql.service import probe_sql
 
     duckdb = pytest.importorskip("duckdb")
-    for sql in ("SELECT 1 AS n -- the end", "SELECT 1 AS n -- the end;", "SELECT 1 AS n;"):
+    for sql in ("SELECT 1 AS n -- the end", "SELECT 1 AS n -- the end;", "SELECT 1 AS n;", "SELECT 1 AS n; -- the end",
+                "SELECT 1 AS n /* a; b */ ;;\n-- c\n;", "SELECT 1 AS n;;;"):
         probe = probe_sql(analyse(sql.replace("SELECT 1 AS n", "SELECT 1 AS n FROM orders"), "acme"))
         with duckdb.connect() as conn:
             conn.execute("CREATE TABLE orders AS SELECT 1 AS id")
             assert [d[0] for d in conn.execute(probe).description] == ["n"], probe
+
+
+def test_semicolons_and_comments_after_a_statement_are_cut_and_a_second_statement_is_named():
+    for sql in ("SELECT 'é;--' AS x FROM orders WHERE id = ?; -- lookup", "SELECT 'é;--' AS x FROM orders WHERE id = ?",
+                "SELECT 'é;--' AS x FROM orders WHERE id = ? /* c; */ ;;\n", "SELECT 'é;--' AS x FROM orders WHERE id = ?;--"):
+        assert analyse(sql, "acme").render(("1",)) == "SELECT 'é;--' AS x FROM orders WHERE id = 1", sql
+    for sql, second in (("SELECT * FROM orders; SELECT * FROM items", "SELECT * FROM items"),
+                        ("SELECT * FROM orders; -- c\nDELETE FROM orders", "DELETE FROM orders")):
+        with pytest.raises(InvalidQueryError, match=re.escape(f"another statement, {second!r}")) as refused:
+            analyse(sql, "acme")
+        assert refused.value.status_name == "INVALID_ARGUMENT"
 
 
 def test_a_session_token_with_a_non_ascii_signature_is_unauthenticated():

@@ -71,7 +71,7 @@ class StatementRunner(Protocol):
                 joined: tuple[str, ...] = (), joined_epochs: tuple[str | None, ...] = (),
                 ) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
 
-    def relay(self, batches: Iterator[pa.RecordBatch], tenant: str, started: float,
+    def relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
               context: flight.ServerCallContext) -> Iterator[pa.RecordBatch]: ...
 
 
@@ -350,7 +350,6 @@ class FlightSqlService:
         schema = self._probed.get(key)
         if schema is not None:
             return schema
-        # The closing parenthesis on a line of its own: a statement may end with a `--` comment.
         schema, batches = self.gateway.run_sql(tenant, dataset, probe_sql(statement), client_id, epochs[0],
                                                joined=joined, joined_epochs=epochs[1:])
         for _ in batches:
@@ -383,8 +382,10 @@ class FlightSqlService:
 
 
 def probe_sql(statement: Statement) -> str:
-    """`statement` (NULL for each parameter) returning no rows: its answer's schema only."""
-    probe = statement.render(("NULL",) * statement.parameter_count).rstrip().rstrip(";")
+    """`statement` (NULL for each parameter) returning no rows: its answer's schema only. The
+    statement's text ends at its last token (`analyse` cut the `;`s and comments after it), so it
+    closes as a subquery; the closing parenthesis still goes on a line of its own."""
+    probe = statement.render(("NULL",) * statement.parameter_count)
     return f"SELECT * FROM ({probe}\n) AS speedlayer_probe LIMIT 0"
 
 

@@ -3,8 +3,10 @@
 `analyse` parses a statement with DuckDB's own parser (`json_serialize_sql`, as the workers'
 SQL guard does) to learn the datasets it names, where its parameters are, and where BI tools
 qualified a table with the catalog and schema the gateway reports (`speedlayer.<tenant>.t`):
-those qualifiers are cut, since a worker binds each dataset under its bare name. The worker
-still checks the statement it receives; the gateway only needs to know where to send it.
+those qualifiers are cut, since a worker binds each dataset under its bare name. So are the
+`;`s and comments after the statement (`... WHERE id = ?; -- lookup`); a second statement after
+a `;` is refused, named. The worker still checks the statement it receives; the gateway only
+needs to know where to send it.
 
 The statement state the gateway holds (prepared statements, pending results, answers started
 ahead) is in `held`.
@@ -76,9 +78,11 @@ def analyse(sql: str, tenant: str) -> Statement:
     SELECT or names a table outside the tenant's schema. (Cached: dashboards repeat statements.)"""
     tree = parse_tree(sql)
     if tree.get("error"):
+        _refuse_more_than_one(sql)
         raise InvalidQueryError(f"statement: {tree.get('error_message', 'cannot be parsed')}")
     statements = tree.get("statements", [])
     if len(statements) != 1 or statements[0].get("node", {}).get("type") != "SELECT_NODE":
+        _refuse_more_than_one(sql)
         raise InvalidQueryError(f"expected one SELECT statement, got {len(statements)} statement(s) "
                                 f"(the speed layer is read-only)")
     tree_nodes = list(nodes(statements))
@@ -109,9 +113,46 @@ def analyse(sql: str, tenant: str) -> Statement:
         raise InvalidQueryError("each statement parameter may appear once (use ? placeholders)")
     edits.sort(key=lambda edit: edit[0])
     hints = _parameter_hints(tree_nodes)
-    return Statement(sql, tuple(sorted(datasets)), len(parameters),
+    # The statement without the `;`s and comments after it: what a worker runs, and what the
+    # schema probe wraps in a subquery (where a `;` or a `--` comment would end it early).
+    body = sql.encode()[:statement_end(sql)].decode()
+    return Statement(body, tuple(sorted(datasets)), len(parameters),
                      tuple(hints.get(str(i)) for i in identifiers), shape_of(statements),
                      _parameters_in_filters_only(statements), tuple(edits))
+
+
+def statement_end(sql: str) -> int:
+    """The byte offset where the one statement of `sql` ends: before the `;`s, comments and
+    blanks trailing it (SQL editors and drivers add them: `... WHERE id = ?; -- lookup`). Found
+    with DuckDB's tokenizer, so a `;` or `--` inside a string literal or a quoted name is text;
+    the parse tree's locations (and so a statement's edits) all lie before it."""
+    import duckdb
+
+    raw = sql.encode()
+    end = len(raw)
+    for start, kind in reversed(duckdb.tokenize(sql)):  # (byte offset, kind) of each token
+        trailing = kind == duckdb.token_type.comment or (
+            kind == duckdb.token_type.operator and raw[start:start + 1] == b";")
+        if not trailing:
+            break
+        end = start
+    return len(raw[:end].rstrip())
+
+
+def _refuse_more_than_one(sql: str) -> None:
+    """InvalidQueryError naming the second statement if `sql` holds more than one (a `;` between
+    two statements is not a trailing one: the text after it would be run, or silently dropped)."""
+    import duckdb
+
+    try:
+        texts = [s.query.strip() for s in duckdb.extract_statements(sql)]
+    except duckdb.Error:  # not even split into statements: the parser's error says why
+        return
+    if len(texts) > 1:
+        second = texts[1] if len(texts[1]) <= 200 else texts[1][:200] + "..."
+        raise InvalidQueryError(f"expected one SELECT statement, got {len(texts)}: after the first ';' comes "
+                                f"another statement, {second!r} (a statement may end with ';' and comments "
+                                f"only; the speed layer runs one SELECT per call)")
 
 
 _FILTERS = ("where_clause", "having", "qualify", "limit", "offset")
