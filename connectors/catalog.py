@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from connectors.descriptor_reads import DescriptorReader
 from connectors.snapshot import StoredObject, TopicSnapshot, WalRun
 from connectors.topic_head import TopicHead, TopicHeads
-from connectors.topic_runs import RunAudit, audit_runs, current_chain
+from connectors.topic_runs import ContiguousRun, RunAudit, audit_contiguous_run, audit_runs, current_chain
 from connectors.unread_tail import UnreadTails
 from connectors.options import WAL_AUTO, WAL_NONE
 from connectors.wal_scan import ClusterView, WalFinder, scan_file_runs
@@ -45,6 +45,9 @@ from danube_core.topics import TopicName
 __all__ = ["TopicCatalog", "WAL_AUTO", "WAL_NONE"]  # the walRoot keywords, for options
 
 logger = logging.getLogger(__name__)
+
+AUDIT_PAGE_KEYS = 4096  # descriptors a run audit reads and parses at a time
+LISTING_MARGIN = 1024  # offsets past the head a run audit lists objects to (`_listing_bound`)
 
 
 class TopicCatalog:
@@ -294,24 +297,40 @@ class TopicCatalog:
 
     def _audit(self, topic: TopicName, sealed: SealedState | None, wal: list[WalRun]) -> RunAudit:
         """Read the descriptors (from `_audit_start` on) and list the objects once, and sort
-        them into runs."""
+        them into runs: a clean run folded page by page (`ContiguousRun`), anything else from
+        the whole list."""
         raw_cur = self._metadata.get(self._keys.cur_key(topic))
         cur = int(CurPointer.from_json(raw_cur, self._keys.cur_key(topic)).start) if raw_cur else None
         floor = self._audit_start(topic, cur)
-        if floor:
-            rows = self._metadata.get_range(self._keys.object_key(topic, floor), self._keys.cur_key(topic))
-        else:
-            rows = self._metadata.get_prefix(self._keys.objects_prefix(topic))
-        # Parsed outside `DescriptorReader.parse`'s memo: a long history is audited once, and its
-        # descriptors must not stay in memory for the query's life (see `RunAudit.compact`).
-        descriptors = [ObjectDescriptor.from_json(raw, key) for key, raw in rows
-                       if keys.parse_object_key(key) is not None]
-        del rows
-        listed: list[tuple[str, int, int | None]] = []
-        for object_id in self._store.list_objects(topic):
-            start = parse_object_id(object_id)[0]
-            if start >= floor:
-                listed.append((object_id, start, None))
+        wal_stop = wal[-1].stop_offset if wal else None
+        listed_ids = self._store.list_objects(topic, floor, self._listing_bound(floor, cur, wal_stop))
+        stale_wal = self._wal.stale_runs.get(str(topic), []) if self._wal is not None else []
+        run = ContiguousRun(listed_ids)
+        audit: RunAudit | None = None
+        for page in self._descriptor_pages(topic, floor):
+            if not run.take(page):
+                break
+        if run.clean and run.stop is not None and (wal_stop is None or wal_stop >= run.stop):
+            newest = run.newest[-1].created_at
+            unreferenced = [(oid, start, None if start >= run.stop and parse_object_id(oid)[1] >= newest
+                             else self._last_offset_of(self._objects_url(topic) + oid, start))
+                            for oid, start in run.unreferenced()]
+            audit = audit_contiguous_run(str(topic), run, self._objects_url(topic), unreferenced, wal,
+                                         stale_wal, sealed)
+        if audit is None or not audit.clean:  # an unclean run's reads are planned from all of it
+            audit = self._audit_whole(topic, floor, cur, listed_ids, sealed, wal, stale_wal)
+        self._audits[str(topic)] = audit
+        self._audited_from[str(topic)] = floor
+        if not audit.clean:
+            logger.warning("topic %s: %s", topic, audit.summary())
+        audit.compact()
+        return audit
+
+    def _audit_whole(self, topic: TopicName, floor: int, cur: int | None, listed_ids: list[str],
+                     sealed: SealedState | None, wal: list[WalRun], stale_wal: list[WalRun]) -> RunAudit:
+        """The audit of a topic whose stored runs are not one clean run: every descriptor from
+        `floor` on in memory at once (`current_chain` compares each with all)."""
+        descriptors = [d for page in self._descriptor_pages(topic, floor) for d in page]
         chain, _ = current_chain(descriptors, cur)
         referenced = {d.object_id for d in descriptors}
         uploaded_stop = chain[-1].end_offset + 1 if chain else 0
@@ -320,18 +339,39 @@ class TopicCatalog:
         def in_flight(object_id: str, start: int) -> bool:  # written, its descriptor not yet
             return start >= uploaded_stop and parse_object_id(object_id)[1] >= newest
 
-        listed = [(oid, start, None if oid in referenced or in_flight(oid, start)
-                   else self._last_offset_of(self._objects_url(topic) + oid, start))
-                  for oid, start, _ in listed]
-        stale_wal = self._wal.stale_runs.get(str(topic), []) if self._wal is not None else []
-        audit = audit_runs(str(topic), descriptors, cur, self._objects_url(topic), listed, wal,
-                           stale_wal, sealed)
-        self._audits[str(topic)] = audit
-        self._audited_from[str(topic)] = floor
-        if not audit.clean:
-            logger.warning("topic %s: %s", topic, audit.summary())
-        audit.compact()
-        return audit
+        listed = []
+        for oid in listed_ids:
+            start = parse_object_id(oid)[0]
+            listed.append((oid, start, None if oid in referenced or in_flight(oid, start)
+                           else self._last_offset_of(self._objects_url(topic) + oid, start)))
+        return audit_runs(str(topic), descriptors, cur, self._objects_url(topic), listed, wal, stale_wal, sealed)
+
+    def _descriptor_pages(self, topic: TopicName, floor: int) -> Iterator[list[ObjectDescriptor]]:
+        """The topic's descriptors from key `floor` on, by start offset, `AUDIT_PAGE_KEYS` at a
+        time. Parsed outside `DescriptorReader.parse`'s memo: a long history is audited once,
+        and its descriptors must not stay in memory for the query's life."""
+        start_key = self._keys.object_key(topic, floor) if floor else self._keys.objects_prefix(topic)
+        end_key = self._keys.cur_key(topic)
+        while True:
+            rows = self._metadata.get_range(start_key, end_key, AUDIT_PAGE_KEYS)
+            page = [ObjectDescriptor.from_json(raw, key) for key, raw in rows
+                    if keys.parse_object_key(key) is not None]
+            if page:
+                yield page
+            if len(rows) < AUDIT_PAGE_KEYS:
+                return
+            start_key = rows[-1][0] + "\0"
+
+    @staticmethod
+    def _listing_bound(floor: int, cur: int | None, wal_stop: int | None) -> int | None:
+        """Highest start offset the audit lists objects up to: none from offset 0 (the whole
+        topic is read anyway); else past the known head by as much again as the stream is behind
+        it, and `LISTING_MARGIN`, so the listing follows the stream's own offsets (an older
+        run's object with no descriptor further above is not seen until a later audit)."""
+        if floor == 0:
+            return None
+        head = max(cur or 0, wal_stop or 0, floor)
+        return head + (head - floor) + LISTING_MARGIN
 
     def _audit_start(self, topic: TopicName, cur: int | None) -> int:
         """Key offset the run audit starts at: 0 (the whole topic) unless a stream said where

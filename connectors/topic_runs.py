@@ -32,10 +32,12 @@ Offsets: `first_offset`/`last_offset` inclusive (as descriptors); ranges end-exc
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from connectors.snapshot import WalRun
+from danube_core.objectstore import parse_object_id
 from danube_core.records import ObjectDescriptor, SealedState
 
 OBJECT = "object"
@@ -245,16 +247,92 @@ def audit_runs(
     audit = RunAudit(topic, current, sorted(stale, key=lambda d: d.start_offset),
                      current_first=first, current_stop=max(stops) if stops else None, held=held)
     referenced = {d.object_id for d in descriptors}
-    newest = max((d.created_at for d in current), default=None)
     for d in audit.stale_descriptors:
         audit.stale_sources.append(RunSource(OBJECT, d.object_id, objects_url + d.object_id, d.start_offset,
                                              d.end_offset, True, d.created_at, "stale descriptor"))
-    for object_id, start, last in listed_objects:
-        if object_id in referenced:
-            continue
+    unreferenced = [(object_id, start, last) for object_id, start, last in listed_objects
+                    if object_id not in referenced]
+    _add_stale_sources(audit, objects_url, unreferenced, uploaded_stop, bool(descriptors), wal_chain,
+                       other_wal_runs, sealed, restarted)
+    return audit
+
+
+class ContiguousRun:
+    """A topic's descriptors folded by start offset, page by page, while they form one clean
+    run: each starts just after the one before ends and was uploaded no earlier.
+
+    Such a run is its own current chain whatever `cur` names (`current_chain` keeps every one
+    of them), so the audit needs only its first offset, its end, its newest descriptors and
+    the listed objects it does not reference: a stream from `earliest` audits a long history
+    holding a page, not the list. Anything else (a gap, an overlap, an older upload above a
+    newer one) ends the fold with `clean` False, and the caller audits the whole list.
+    """
+
+    def __init__(self, listed_ids: Sequence[str]) -> None:
+        self.first: int | None = None
+        self.stop: int | None = None  # end-exclusive
+        self.newest: deque[ObjectDescriptor] = deque(maxlen=COMPACT_KEEP)
+        self.clean = True
+        # Listed objects by start offset, dropped as the descriptors reach them.
+        self._listed = deque(sorted(((_object_start(i), i) for i in listed_ids)))
+        self._unreferenced: list[tuple[int, str]] = []
+
+    def take(self, descriptors: Sequence[ObjectDescriptor]) -> bool:
+        """Fold the next descriptors (by start offset); False once the run is not clean."""
+        for d in descriptors:
+            last = self.newest[-1] if self.newest else None
+            if last is not None and (d.start_offset != last.end_offset + 1 or d.created_at < last.created_at):
+                self.clean = False
+                return False
+            if self.first is None:
+                self.first = d.start_offset
+            self.newest.append(d)
+            self.stop = d.end_offset + 1
+            while self._listed and self._listed[0][0] <= d.start_offset:
+                start, object_id = self._listed.popleft()
+                if not (start == d.start_offset and object_id == d.object_id):
+                    self._unreferenced.append((start, object_id))
+        return True
+
+    def unreferenced(self) -> list[tuple[str, int]]:
+        """(object id, start offset) of every listed object no folded descriptor references."""
+        return [(i, s) for s, i in self._unreferenced] + [(i, s) for s, i in self._listed]
+
+
+def audit_contiguous_run(
+    topic: str,
+    run: ContiguousRun,
+    objects_url: str,
+    unreferenced: Sequence[tuple[str, int, int | None]],
+    wal_chain: Sequence[WalRun],
+    other_wal_runs: Sequence[WalRun],
+    sealed: SealedState | None,
+) -> RunAudit:
+    """`audit_runs` for a clean fold of descriptors whose WAL did not restart below them:
+    the same audit, from the fold's ends and newest descriptors (already compact)."""
+    assert run.clean and run.first is not None and run.stop is not None
+    wal_stop = wal_chain[-1].stop_offset if wal_chain else None
+    held = [(run.first, run.stop)]
+    held += [(r.first_offset, r.stop_offset) for r in wal_chain if r.stop_offset > r.first_offset]
+    audit = RunAudit(topic, list(run.newest), [], current_first=run.first,
+                     current_stop=max(run.stop, wal_stop or 0), held=held)
+    _add_stale_sources(audit, objects_url, unreferenced, run.stop, True, wal_chain, other_wal_runs, sealed,
+                       restarted=False)
+    return audit
+
+
+def _add_stale_sources(audit: RunAudit, objects_url: str, unreferenced: Sequence[tuple[str, int, int | None]],
+                       uploaded_stop: int | None, described: bool, wal_chain: Sequence[WalRun],
+                       other_wal_runs: Sequence[WalRun], sealed: SealedState | None, restarted: bool) -> None:
+    """The stale sources beside the current run's descriptors: objects no descriptor references
+    (but uploads in flight), WAL runs that do not lead to the head, a seal restarted below."""
+    current = audit.current_descriptors
+    newest = max((d.created_at for d in current), default=None)
+    first = audit.current_first
+    for object_id, start, last in unreferenced:
         created = _object_secs(object_id)
         in_flight = uploaded_stop is not None and start >= uploaded_stop and (newest is None or created >= newest)
-        if in_flight or (not descriptors and (first is None or start >= first)):
+        if in_flight or (not described and (first is None or start >= first)):
             continue  # a first upload whose descriptor is not written yet
         audit.stale_sources.append(RunSource(OBJECT, object_id, objects_url + object_id, start,
                                              start if last is None else last, False, created,
@@ -272,7 +350,6 @@ def audit_runs(
             SEALED_STATE, f"sealed state of broker {s.broker_id}", "", 0, s.last_committed_offset,
             note=f"sealed at {s.last_committed_offset} by broker {s.broker_id} at {s.timestamp}, "
                  "before the current run restarted below it"))
-    return audit
 
 
 def wal_run_name(url: str, byte_pos: int) -> str:
@@ -297,6 +374,8 @@ def _stale_seal(sealed: SealedState | None, current: Sequence[ObjectDescriptor],
 
 
 def _object_secs(object_id: str) -> int:
-    from danube_core.objectstore import parse_object_id
-
     return parse_object_id(object_id)[1]
+
+
+def _object_start(object_id: str) -> int:
+    return parse_object_id(object_id)[0]

@@ -13,6 +13,7 @@ and rebuilds its filesystem lazily, so Spark executors can reopen object URLs th
 from __future__ import annotations
 
 import errno
+import inspect
 import io
 import logging
 import os
@@ -27,6 +28,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.spec import AbstractBufferedFile
 
+from danube_core.object_id_ranges import OBJECT_NAME_PREFIX, start_offset_prefixes
 from danube_core.errors import ConfigError, DanubeError, ObjectMissingError, ObjectStoreError
 from danube_core.retry import call_with_retry
 from danube_core.topics import TopicName
@@ -334,15 +336,33 @@ class ObjectStore:
 
         self._read("delete", path_or_url, remove)
 
-    def list_objects(self, topic: TopicName) -> list[str]:
-        """Object ids under the topic's objects dir, by start offset; other names are ignored."""
+    def list_objects(self, topic: TopicName, first_start: int = 0, last_start: int | None = None) -> list[str]:
+        """Object ids under the topic's objects dir starting in `[first_start, last_start]` (no
+        upper bound if None), by start offset; other names are ignored.
+
+        A bounded range on a store that lists by name prefix (S3, GCS: its `find` takes
+        `prefix`) lists only the prefixes of `object_id_ranges`, so its cost follows the range,
+        not the topic's history; other stores list the directory and filter it."""
+        prefixes = None if last_start is None else start_offset_prefixes(first_start, last_start)
+
+        def in_range(name: str) -> bool:
+            if not OBJECT_ID_PATTERN.match(name):
+                return False
+            start = parse_object_id(name)[0]
+            return start >= first_start and (last_start is None or start <= last_start)
+
         def ids(fs: Any, path: str) -> list[str]:
             fs.invalidate_cache(path)
             try:
-                names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
+                if prefixes is not None and "prefix" in inspect.signature(fs.find).parameters:
+                    entries = [e for p in prefixes
+                               for e in fs.find(path, maxdepth=1, prefix=OBJECT_NAME_PREFIX + p)]
+                else:
+                    entries = fs.ls(path, detail=False)
             except FileNotFoundError:
                 return []
-            return sorted((n for n in names if OBJECT_ID_PATTERN.match(n)), key=parse_object_id)
+            names = {entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries}
+            return sorted(filter(in_range, names), key=parse_object_id)
 
         return self._read("list", self._join(objects_dir(topic)), ids)
 

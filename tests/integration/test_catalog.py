@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
+from connectors import catalog as catalog_module
 from connectors.catalog import TopicCatalog
 from connectors.planner import cap_end_offsets, plan_tasks
 from connectors.salvage import salvage_tasks
@@ -33,16 +34,20 @@ class CountingMetadata:
     """Delegates to a real store; counts the rows range reads return and whole-history reads."""
 
     def __init__(self, inner: MetadataStore) -> None:
-        self.inner, self.rows, self.history_reads = inner, 0, 0
+        self.inner, self.rows, self.history_reads, self.largest_read = inner, 0, 0, 0
 
     def get_range(self, start_key, end_key, limit=None):
         rows = self.inner.get_range(start_key, end_key, limit)
         self.rows += len(rows)
+        self.largest_read = max(self.largest_read, len(rows))
+        self.history_reads += start_key.endswith("/objects/")
         return rows
 
     def get_prefix(self, prefix, keys_only=False):
         self.history_reads += "/objects/" in prefix
-        return self.inner.get_prefix(prefix, keys_only)
+        rows = self.inner.get_prefix(prefix, keys_only)
+        self.largest_read = max(self.largest_read, len(rows))
+        return rows
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -145,6 +150,46 @@ def test_planning_reads_descriptors_by_range_not_the_whole_history(metadata, mak
     assert [o.start_offset for o in cat.snapshot(b.name, 197).objects] == [195]
     assert counting.rows == 1
     assert counting.history_reads == 1
+
+
+def test_a_run_audit_folds_a_clean_history_a_page_at_a_time(metadata, make, s3_store, unique_name, monkeypatch):
+    """A stream from `earliest` audits the history it will read holding one page of it; the
+    audit is the one a whole read gives, and every message is still read."""
+    monkeypatch.setattr(catalog_module, "AUDIT_PAGE_KEYS", 8)
+    b = make(f"/default/{unique_name('t')}")
+    for _ in range(40):
+        b.append(5)
+        b.upload()
+    counting = CountingMetadata(metadata)
+    cat = catalog(counting, s3_store, wal_root="none")
+    audit = cat.audit(b.name)
+    assert audit.clean and (audit.current_first, audit.current_stop, audit.held) == (0, 200, [(0, 200)])
+    assert counting.largest_read <= 8 and counting.history_reads == 1
+    assert len(audit.current_descriptors) == 40  # kept: fewer than COMPACT_KEEP
+    assert read_back(cat, b.name, 0, 200) == [b.messages[o] for o in range(200)]
+
+
+@pytest.mark.parametrize("shape", ["gap", "restart"])
+def test_a_fold_that_meets_another_run_audits_the_whole_list(metadata, make, s3_store, unique_name, monkeypatch,
+                                                              shape):
+    """Past the first page: a gap is still data loss naming its offsets; a restart that
+    overwrote a descriptor is still reuse naming the older object."""
+    monkeypatch.setattr(catalog_module, "AUDIT_PAGE_KEYS", 4)
+    b = make(f"/default/{unique_name('t')}")
+    uploads = []
+    for _ in range(20):
+        b.append(10)
+        uploads.append(b.upload())
+    if shape == "gap":
+        metadata.delete(b.storage_keys.object_key(b.topic, 150))
+        with pytest.raises(DataLossError, match=r"\[150, 160\).*gap in the descriptor chain"):
+            plan(catalog(metadata, s3_store, wal_root="none"), b.name, 0, 200)
+        return
+    b.crash_restart(secrets.randbits(64))
+    b.append(10)
+    b.upload()  # overwrites descriptor 0 of the older run
+    stale = catalog(metadata, s3_store, wal_root="none", fail=False).audit(b.name).stale_sources
+    assert uploads[0].object_id in {s.name for s in stale}
 
 
 def test_walroot_none_reads_sealed_objects_only(metadata, make, s3_store, unique_name):

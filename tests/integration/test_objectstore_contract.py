@@ -5,6 +5,8 @@ Also pins the object naming of spec §4.2 and the backend error table.
 
 from __future__ import annotations
 
+import inspect
+
 import errno
 import pickle
 from typing import Iterator
@@ -98,6 +100,25 @@ class ObjectStoreContract:
         assert store.list_objects(TopicName("default", unique_name("empty"))) == []
         store.delete(store.object_path(topic, ids[0]))
         assert store.list_objects(topic) == [ids[1], ids[2]]
+
+    def test_a_bounded_listing_returns_the_starts_in_range_asking_only_their_prefixes(
+            self, store: ObjectStore, topic, monkeypatch):
+        starts = (5, 95, 99_990, 99_999, 100_000, 100_004, 100_020, 123_456, 1_000_007)
+        ids = {start: object_id_for(start, 1700000000 + start) for start in starts}
+        for object_id in ids.values():
+            self.write(store, topic, object_id, b"frame bytes")
+        asked: list[str] = []
+        find = store.fs.find
+        if "prefix" in inspect.signature(find).parameters:
+            def spying_find(path, prefix="", **kw):
+                asked.append(prefix)
+                return find(path, prefix=prefix, **kw)
+            monkeypatch.setattr(store.fs, "find", spying_find)
+        assert store.list_objects(topic, 99_990, 100_010) == [ids[s] for s in (99_990, 99_999, 100_000, 100_004)]
+        assert store.list_objects(topic, 123_456, 123_456) == [ids[123_456]]
+        assert store.list_objects(topic, 100_000) == [ids[s] for s in starts if s >= 100_000]
+        if "prefix" in inspect.signature(find).parameters:  # S3: names asked for by prefix
+            assert asked == ["data-9999", "data-1000", "data-123456"]
 
     def test_object_url_reopens_through_a_pickled_fresh_store(self, store: ObjectStore, topic):
         object_id = object_id_for(300, 1700000000)
