@@ -17,7 +17,10 @@ Setup, one etcd (descriptors written straight into it, in transactions of 128 pu
    (the baseline), and on `/bench/long`, a topic of `--long-descriptors` (1,000,000);
 4. from `earliest` on the same two topics: a stream far behind plans a window of its backlog
    (`PLAN_WINDOW_OBJECTS` objects) per trigger; "window ms" is the median planning time of the
-   triggers that planned a whole window, which must not grow with the history.
+   triggers that planned a whole window, which must not grow with the history;
+5. resuming near the head of topics whose objects are in S3 (a moto server), `--s3-objects`
+   (100 and 10,000) of them: the S3 listings its start makes (counted from moto's request log,
+   per run) must not follow the object count.
 
 While a case runs its triggers, a writer uploads a new object (descriptor + `cur`) to its
 topic every `--object-interval-ms`, as a broker's uploader does. Per case: start -> first
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import statistics
@@ -46,7 +50,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
@@ -56,7 +60,7 @@ from common import Column, machine_info, print_table, timed, write_results  # no
 from devstack.embedded_etcd import EmbeddedEtcd  # noqa: E402
 from danube_core import keys  # noqa: E402
 from danube_core.metadata_etcd import EtcdMetadataStore  # noqa: E402
-from danube_core.objectstore import object_id_for  # noqa: E402
+from danube_core.objectstore import OBJECTS_PATH_TEMPLATE, object_id_for  # noqa: E402
 from danube_core.records import CurPointer, ObjectDescriptor, Policies, dump_cursor  # noqa: E402
 from danube_core.topics import TopicName  # noqa: E402
 from connectors.query_scope import PLAN_WINDOW_OBJECTS  # noqa: E402
@@ -116,18 +120,23 @@ def write_topics(endpoint: str, names: list[str], count: int) -> float:
 
 
 class Uploader(threading.Thread):
-    """Writes the next descriptor and `cur` of one topic every `interval_s`, as an uploader does."""
+    """Writes the next descriptor and `cur` of one topic every `interval_s`, as an uploader does
+    (and its object first, through `write_object`, when the case's objects are stored)."""
 
-    def __init__(self, endpoint: str, topic: str, first: int, interval_s: float) -> None:
+    def __init__(self, endpoint: str, topic: str, first: int, interval_s: float,
+                 write_object: Callable[[ObjectDescriptor], None] | None = None) -> None:
         super().__init__(daemon=True)
         self.store = EtcdMetadataStore(endpoint)
         self.topic, self.next, self.interval_s = TopicName.parse(topic), first, interval_s
+        self.write_object = write_object
         self.stop_event = threading.Event()
 
     def run(self) -> None:
         storage, created = keys.StorageKeys(), int(time.time())
         while not self.stop_event.wait(self.interval_s):
             d = descriptor(self.next, created)
+            if self.write_object is not None:
+                self.write_object(d)
             self.store.put(storage.object_key(self.topic, d.start_offset), d.to_json())
             self.store.put(storage.cur_key(self.topic), CurPointer.for_offset(d.start_offset).to_json())
             self.next += 1
@@ -160,7 +169,8 @@ def run_case(spec: dict) -> dict:
     original = options_module.EtcdSettings.connect
     options_module.EtcdSettings.connect = lambda self: counters.append(CountingStore(original(self))) or counters[-1]
     reader = DanubeStreamReader(options_module.parse_options({
-        "etcd.endpoints": spec["endpoint"], "storage.url": "memory://bench-metadata-cache", "walRoot": "none",
+        "etcd.endpoints": spec["endpoint"], "storage.url": spec.get("storage_url", "memory://bench-metadata-cache"),
+        "storage.options": json.dumps(spec.get("storage_options", {})), "walRoot": "none",
         "topic": spec["topic"], "subscription": spec["subscription"], "startingOffsets": spec["starting"],
     }))
     rss_before = vm_rss_mb()
@@ -215,14 +225,16 @@ def child_main(spec_json: str) -> int:
 
 
 def measure(endpoint: str, case: str, group: str, topic: str, *, starting: str, subscription: str,
-            uploads_from: int, args: argparse.Namespace) -> dict:
+            uploads_from: int, args: argparse.Namespace, storage: dict | None = None,
+            write_object: Callable[[ObjectDescriptor], None] | None = None) -> dict:
     """One case, `--repeat` times, each in a child process while its topic receives uploads;
-    every figure is the median of the repeats (the machine is shared)."""
+    every figure is the median of the repeats (the machine is shared). `storage`: the
+    `storage_url` and `storage_options` of the topic's objects (default: an empty memory store)."""
     runs, first = [], uploads_from
     for _ in range(args.repeat):
         spec = {"endpoint": endpoint, "topic": topic, "subscription": subscription, "starting": starting,
-                "triggers": args.triggers, "trigger_interval_s": args.trigger_interval_ms / 1000}
-        uploader = Uploader(endpoint, topic, uploads_from, args.object_interval_ms / 1000)
+                "triggers": args.triggers, "trigger_interval_s": args.trigger_interval_ms / 1000, **(storage or {})}
+        uploader = Uploader(endpoint, topic, uploads_from, args.object_interval_ms / 1000, write_object)
         uploader.start()
         try:
             done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
@@ -240,6 +252,65 @@ def measure(endpoint: str, case: str, group: str, topic: str, *, starting: str, 
     print(f"  {case}: start {row['start_wall_ms']:,.0f} ms (runs {row['start_wall_ms_runs']}), "
           f"rss +{row['rss_growth_mb']} MB, {row['range_reads_per_trigger']} range reads/trigger", flush=True)
     return row
+
+
+# ---- a topic's objects on S3 (--s3-objects) ----------------------------------------------------
+
+
+class ListRequests(logging.Handler):
+    """Counts the S3 object listings (ListObjectsV2) a moto server answers, from its request log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += "list-type=2" in record.getMessage()
+
+
+def s3_listing_cases(endpoint: str, counts: list[int], args: argparse.Namespace) -> list[dict]:
+    """A stream resuming `--behind` descriptors below the head of a topic whose `count`
+    descriptors each have their object in S3: its start lists only the objects near its offsets
+    (`object_id_ranges`), so its listings must not follow the topic's object count."""
+    import boto3
+    import fsspec
+    from moto.server import ThreadedMotoServer
+
+    from devstack.ports import free_port, wait_for_port
+
+    port = free_port()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=True)
+    moto.start()
+    wait_for_port(port)
+    counter = ListRequests()
+    logging.getLogger("werkzeug").addHandler(counter)
+    logging.getLogger("werkzeug").setLevel(logging.INFO)
+    options = {"key": "bench", "secret": "bench",
+               "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
+    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="bench",
+                 aws_secret_access_key="bench", region_name="us-east-1").create_bucket(Bucket="bench-objects")
+    fs = fsspec.filesystem("s3", **options)
+    rows = []
+    try:
+        for count in counts:
+            topic = f"/bench/s3-{count}"
+            created = int(time.time())
+            write_topics(endpoint, [topic], count)
+            directory = "bench-objects/" + OBJECTS_PATH_TEMPLATE.format(ns="bench", topic=topic.rsplit("/", 1)[1])
+            with timed() as wrote:
+                fs.pipe({f"{directory}/{descriptor(k, created).object_id}": b"-" for k in range(count)})
+            print(f"wrote {count:,} objects to S3 in {wrote.wall_s:.0f}s", flush=True)
+            subscription = resume_near_head(endpoint, topic, count - 1, args.behind)
+            before = counter.count
+            rows.append(measure(endpoint, f"resume {args.behind} behind head, {count:,} objects on S3", "objects on S3",
+                                topic, starting="cursor", subscription=subscription, uploads_from=count, args=args,
+                                storage={"storage_url": "s3://bench-objects", "storage_options": options},
+                                write_object=lambda d, at=directory: fs.pipe_file(f"{at}/{d.object_id}", b"-")))
+            rows[-1]["s3_list_requests"] = (counter.count - before) / args.repeat
+    finally:
+        logging.getLogger("werkzeug").removeHandler(counter)
+        moto.stop()
+    return rows
 
 
 # ---- the same stream as a real Spark query (--spark) ------------------------------------------
@@ -351,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per case (figures are their medians)")
     parser.add_argument("--trigger-interval-ms", type=float, default=50.0)
     parser.add_argument("--object-interval-ms", type=float, default=100.0)
+    parser.add_argument("--s3-objects", default="100,10000",
+                        help="objects in S3 (moto) of the topics a stream resumes near the head of, the first "
+                             "the baseline; empty: no S3 cases")
     parser.add_argument("--spark", action="store_true",
                         help="also run each cluster size as a real Spark query (start -> first progress, RSS)")
     parser.add_argument("--spark-trigger-ms", type=int, default=500)
@@ -405,8 +479,12 @@ def main(argv: list[str] | None = None) -> int:
                                    topic, starting="earliest", subscription=f"earliest-{uuid.uuid4().hex[:8]}",
                                    uploads_from=heads[topic], args=args))
             heads[topic] += results[-1]["objects_added"]
-    for group in ("cluster size", "history length", "from earliest"):
+        if args.s3_objects:
+            results += s3_listing_cases(etcd.endpoint, [int(n) for n in args.s3_objects.split(",")], args)
+    for group in ("cluster size", "history length", "from earliest", "objects on S3"):
         rows = [r for r in results if r["group"] == group]
+        if not rows:
+            continue
         base = rows[0]
         for row in rows:
             for key in ("start_wall_ms", "start_cpu_ms", "rss_growth_mb", "median_wall_ms", "window_wall_ms"):
@@ -421,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         Column("range reads/trigger", "range_reads_per_trigger", "{:.2f}"),
         Column("window triggers", "window_triggers", "{:.0f}"), Column("window ms", "window_wall_ms", "{:.1f}"),
         Column("x", "window_wall_ms_ratio", "{:.2f}"), Column("window cpu ms", "window_cpu_ms", "{:.1f}"),
+        Column("S3 list requests", "s3_list_requests", "{:.0f}"),
     ], title=f"one stream's metadata costs; {args.triggers} triggers per case while objects arrive every "
              f"{args.object_interval_ms:.0f} ms; load at start {load_start}, at end {os.getloadavg()[0]:.2f}")
     if spark_rows:

@@ -46,7 +46,7 @@ __all__ = ["TopicCatalog", "WAL_AUTO", "WAL_NONE"]  # the walRoot keywords, for 
 
 logger = logging.getLogger(__name__)
 
-AUDIT_PAGE_KEYS = 4096  # descriptors a run audit reads and parses at a time
+AUDIT_PAGE_KEYS = 1024  # descriptors a run audit reads and parses at a time (about 1 MB parsed)
 LISTING_MARGIN = 1024  # offsets past the head a run audit lists objects to (`_listing_bound`)
 
 

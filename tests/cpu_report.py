@@ -5,7 +5,10 @@ under pytest-xdist: a test looks slow because its neighbours took the cores. Thi
 each test the CPU its pytest process and every process it started used while it ran (the
 process itself, its reaped children, and every live descendant found in /proc), and writes one
 JSON line per test to the file named by DANUBE_TEST_CPU_REPORT. Processes that detach from
-the tree (re-parented to init) are not counted.
+the tree (re-parented to init, as a JVM whose driver was killed with -9) are not counted that
+way; with DANUBE_TEST_CPU_CGROUP naming a writable cgroup-v1 `cpuacct` directory, each pytest
+process moves itself into a cgroup of its own below it and is charged that cgroup's usage,
+which keeps every process it starts, detached or not.
 """
 
 from __future__ import annotations
@@ -40,7 +43,29 @@ def _proc_table() -> dict[int, tuple[int, float]]:
     return table
 
 
+_cgroup_usage: Path | None = None
+
+
+def _own_cgroup(parent: str) -> Path:
+    """A cpuacct cgroup for this pytest process (one per xdist worker), joined now."""
+    group = Path(parent, os.environ.get("PYTEST_XDIST_WORKER", "main"))
+    group.mkdir(exist_ok=True)
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    return group / "cpuacct.usage"
+
+
 def tree_cpu_seconds() -> float:
+    """CPU of this process and everything it started: its cgroup's, if it has one."""
+    global _cgroup_usage
+    parent = os.environ.get("DANUBE_TEST_CPU_CGROUP")
+    if parent:
+        if _cgroup_usage is None:
+            _cgroup_usage = _own_cgroup(parent)
+        return int(_cgroup_usage.read_text()) / 1e9
+    return _process_tree_cpu_seconds()
+
+
+def _process_tree_cpu_seconds() -> float:
     """CPU of this process, its reaped children and every live descendant."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
