@@ -1,6 +1,6 @@
 """Admin CLI over the cluster's etcd: what the seeds' workflows need.
 
-    python -m broker.admin [--etcd HOST:PORT | --config conf/broker.yaml] [--root-prefix P] COMMAND
+    python -m broker.admin [--etcd HOST:PORT [--etcd-* ...] | --config conf/broker.yaml] [--root-prefix P] COMMAND
 
     namespaces list | create NS | delete NS
     topics list NS                          each topic with its delivery and owning broker
@@ -12,8 +12,11 @@
                                             (of each partition, for a partitioned base name)
 
 Like Danube's admin it only writes metadata; the leader and the owning broker react through
-their watches. Output is one JSON object per line. `--root-prefix` (default: the config's
-`wal_cloud.uploader.root_prefix`, else `/danube-data`) locates the storage keys. Exit codes:
+their watches. Output is one JSON object per line. A secured etcd takes the `--etcd-*` flags
+of `danube_core.etcd_cli` (TLS files, user; the password from $DANUBE_ETCD_PASSWORD or
+`--etcd-password-file`); `--config` takes all of it from the broker's `meta_store` instead.
+`--root-prefix` (default: the config's `wal_cloud.uploader.root_prefix`, else `/danube-data`)
+locates the storage keys. Exit codes:
 0 done; 1 refused (unknown topic, namespace exists, ...: stderr says why); 2 bad arguments;
 3 etcd unreachable.
 """
@@ -26,6 +29,7 @@ import sys
 from typing import Any, TextIO
 
 from danube_core.errors import ConfigError, DanubeError, InvalidTopicNameError, MetadataUnavailableError
+from danube_core.etcd_cli import add_etcd_flags, connection_flags_given, etcd_settings_from_args
 from danube_core.keys import DEFAULT_ROOT_PREFIX, StorageKeys, parse_object_key
 from danube_core.metadata import MetadataStore
 from danube_core.etcd_settings import EtcdSettings
@@ -37,6 +41,7 @@ from broker.namespaces import Namespaces
 from broker.topics_registry import TopicRegistry
 
 DELIVERIES = {"reliable": RELIABLE, "non-reliable": NON_RELIABLE}
+DEFAULT_ETCD = "127.0.0.1:2379"
 
 
 def _emit(out: TextIO, **fields: Any) -> None:
@@ -126,8 +131,8 @@ def _topic(text: str) -> TopicName:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m broker.admin", description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--etcd", help="etcd endpoint host:port (default 127.0.0.1:2379)")
-    where.add_argument("--config", help="take the etcd endpoint and root prefix from a broker config")
+    where.add_argument("--config", help="take the etcd settings and root prefix from a broker config")
+    add_etcd_flags(parser, default=DEFAULT_ETCD, endpoints_group=where)
     parser.add_argument("--root-prefix", help=f"storage etcd root (default {DEFAULT_ROOT_PREFIX})")
     groups = parser.add_subparsers(dest="group", required=True)
     ns = groups.add_parser("namespaces").add_subparsers(dest="command", required=True)
@@ -148,9 +153,12 @@ def _parser() -> argparse.ArgumentParser:
 def _etcd_and_prefix(args: argparse.Namespace) -> tuple[EtcdSettings, str]:
     """With `--config`, the broker's own etcd settings (TLS, user and password included)."""
     if args.config:
+        given = connection_flags_given(args)
+        if given:
+            raise ConfigError(f"{', '.join(given)}: not with --config, whose meta_store holds the etcd settings")
         config = load_config(args.config)
         return config.meta_store.etcd, args.root_prefix or config.uploader.root_prefix
-    return EtcdSettings(args.etcd or "127.0.0.1:2379"), args.root_prefix or DEFAULT_ROOT_PREFIX
+    return etcd_settings_from_args(args), args.root_prefix or DEFAULT_ROOT_PREFIX
 
 
 def _dispatch(admin: Admin, args: argparse.Namespace) -> None:

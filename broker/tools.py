@@ -1,7 +1,7 @@
 """Inspection CLI for WAL files, checkpoints, cloud objects and a topic's storage keys.
 
     python -m broker.tools dump <path-or-url> [--storage-option k=v ...] [--chunk-bytes N]
-    python -m broker.tools objects --etcd HOST:PORT --topic /ns/t [--root-prefix /danube-data]
+    python -m broker.tools objects --etcd HOST:PORT [--etcd-* ...] --topic /ns/t [--root-prefix /danube-data]
 
 `dump` prints one JSON object per frame of a WAL file or a `.dnb1` object (both are frames
 back to back, spec §1, §4.3), local or any fsspec URL (`s3://bucket/key`), read in bounded
@@ -14,7 +14,9 @@ and a value that parses as JSON is taken as JSON (quote strings that look like n
 
 `objects` prints one JSON line per object descriptor, then the `cur` pointer and the sealed
 state (null when absent), each tagged with `kind` and its etcd `key`. A partitioned topic's
-base name (`/ns/t` of `/ns/t-part-0..N-1`) lists each partition in turn.
+base name (`/ns/t` of `/ns/t-part-0..N-1`) lists each partition in turn. A secured etcd takes
+the `--etcd-*` flags of `danube_core.etcd_cli` (TLS files, user; the password from
+$DANUBE_ETCD_PASSWORD or `--etcd-password-file`).
 
 Exit codes: 0 fine; 1 corrupt data (CRC mismatch, torn or undecodable frame, invalid etcd
 value: stderr names the file or key, the frame offset and byte position); 2 bad arguments;
@@ -49,6 +51,7 @@ from danube_core.errors import (
     MetadataError,
     PayloadDecodeError,
 )
+from danube_core.etcd_cli import add_etcd_flags, etcd_settings_from_args
 from danube_core.frames import STOP_CRC, STOP_END
 from danube_core.keys import DEFAULT_ROOT_PREFIX, StorageKeys
 from danube_core.message import StreamMessage, decode_message
@@ -56,6 +59,7 @@ from danube_core.topics import TopicName
 from danube_core.wal_files import DEFAULT_CHUNK_BYTES, FrameFileScanner
 
 if TYPE_CHECKING:
+    from danube_core.etcd_settings import EtcdSettings
     from danube_core.metadata import MetadataStore
 
 logger = logging.getLogger(__name__)
@@ -183,16 +187,14 @@ def _dump_frames(fh: Any, target: str, chunk_bytes: int, out: TextIO, err: TextI
     return EXIT_CORRUPT
 
 
-def list_objects(etcd: str, topic: TopicName, root_prefix: str, out: TextIO, err: TextIO) -> int:
+def list_objects(etcd: EtcdSettings, topic: TopicName, root_prefix: str, out: TextIO, err: TextIO) -> int:
     """Print the topic's descriptors, `cur` and sealed state (each partition's in turn, for a
     partitioned base name); returns the exit code. NotFoundError for a name that is no topic."""
-    from danube_core.metadata_etcd import EtcdMetadataStore
-
     from broker.topics_registry import TopicRegistry
 
     keys = StorageKeys(root_prefix)
     status = EXIT_OK
-    with EtcdMetadataStore(etcd) as store:
+    with etcd.connect() as store:
         for target in TopicRegistry(store).inspection_targets(topic, keys):
             status = max(status, _list_topic_objects(store, keys, target, out, err))
     return status
@@ -236,7 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     dump_cmd.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
                           help="read size (default %(default)s)")
     objects_cmd = commands.add_parser("objects", help="list a topic's descriptors, cur and sealed state")
-    objects_cmd.add_argument("--etcd", required=True, metavar="HOST:PORT")
+    add_etcd_flags(objects_cmd, required=True)
     objects_cmd.add_argument("--topic", required=True, metavar="/NS/TOPIC")
     objects_cmd.add_argument("--root-prefix", default=DEFAULT_ROOT_PREFIX)
     return parser
@@ -257,7 +259,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
                 raise ValueError(f"--chunk-bytes {args.chunk_bytes}: expected a positive integer")
             options = parse_storage_options(args.storage_option)
             return dump(args.target, options, args.chunk_bytes, out, err)
-        return list_objects(args.etcd, TopicName.parse(args.topic), args.root_prefix, out, err)
+        return list_objects(etcd_settings_from_args(args), TopicName.parse(args.topic), args.root_prefix, out, err)
     except ValueError as exc:  # includes InvalidTopicNameError and ConfigError
         err.write(f"{exc}\n")
         return EXIT_USAGE

@@ -8,7 +8,11 @@
 
 Both take the `danube` data source's own options as `--option key=value` (plus shortcuts for
 the common ones), so what they show is what `spark.read.format("danube")` with the same
-options would read. Exit codes: 0 done, 2 bad arguments or options.
+options would read; etcd, though, is reached through the flags every tool shares (`--etcd`,
+and for a secured etcd the `--etcd-*` flags of `danube_core.etcd_cli`: TLS files, user, the
+password from $DANUBE_ETCD_PASSWORD or `--etcd-password-file`), not `etcd.*` options, so no
+password is ever on the command line. Exit codes: 0 done, 1 etcd or storage refused or
+unreachable, 2 bad arguments or options.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 from typing import TextIO
 
 from danube_core.errors import ConfigError, DanubeError
+from danube_core.etcd_cli import add_etcd_flags, etcd_settings_from_args
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -27,17 +32,18 @@ EXIT_USAGE = 2
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m connectors", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("runs", "tail"))
-    parser.add_argument("--etcd", required=True, help="etcd endpoints (option etcd.endpoints)")
+    add_etcd_flags(parser, required=True)
     parser.add_argument("--storage-url", required=True, help="storage root URL (option storage.url)")
     parser.add_argument("--topic", required=True, help="one topic, e.g. /default/orders")
     parser.add_argument("--wal-root", help="option walRoot (auto, none, URL, template or JSON map)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="any other danube data source option, e.g. rootPrefix=/danube-data")
+                        help="any other danube data source option, e.g. rootPrefix=/danube-data "
+                             "(not etcd.*: the --etcd flags give those)")
     return parser
 
 
 def _options(args: argparse.Namespace) -> dict[str, str]:
-    options = {"etcd.endpoints": args.etcd, "storage.url": args.storage_url, "topic": args.topic}
+    options = {"storage.url": args.storage_url, "topic": args.topic}
     if args.wal_root:
         options["walRoot"] = args.wal_root
     for pair in args.option:
@@ -54,7 +60,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     out, err = out or sys.stdout, err or sys.stderr
     args = _parser().parse_args(argv)
     try:
-        with TopicInspector.from_options(_options(args)) as inspector:
+        with TopicInspector.from_options(_options(args), etcd=etcd_settings_from_args(args)) as inspector:
             topic = inspector.topics()[0]
             if args.command == "tail":
                 out.write(json.dumps({"topic": topic, "unreadTail": inspector.unread_tail(topic)}) + "\n")

@@ -196,12 +196,20 @@ class DanubeOptions:
             raise ConfigError(f"option {STARTING_OFFSETS!r}='cursor' needs option {SUBSCRIPTION!r}")
 
 
-def parse_options(raw: Mapping[str, str]) -> DanubeOptions:
-    """Validate every option of one read (keys matched case-insensitively)."""
+def parse_options(raw: Mapping[str, str], *, etcd: EtcdSettings | None = None) -> DanubeOptions:
+    """Validate every option of one read (keys matched case-insensitively).
+
+    `etcd`: settings checked elsewhere (a command line's `--etcd` flags), used instead of the
+    `etcd.*` options, which must then be absent: one source per setting, none ignored."""
     opts = _normalise(raw)
+    if etcd is not None:
+        given = [key for key in ETCD_OPTIONS if key.lower() in opts]
+        if given:
+            raise ConfigError(f"option {given[0]!r} is not accepted here: the etcd settings are given "
+                              "separately (`python -m connectors`: --etcd and the --etcd-* flags)")
     salvage = _salvage(opts)
     options = DanubeOptions(
-        etcd=_etcd(opts),
+        etcd=_etcd(opts) if etcd is None else etcd,
         storage_url=values.required(opts, STORAGE_URL),
         storage_options=_storage_options(opts),
         root_prefix=_root_prefix(opts),

@@ -28,6 +28,7 @@ from connectors.catalog import TopicCatalog
 from connectors.options import DanubeOptions, parse_options
 from connectors.lag import measure_lag
 from danube_core import keys
+from danube_core.etcd_settings import EtcdSettings
 from danube_core.metadata import MetadataStore
 from danube_core.records import ObjectDescriptor, SealedState, SubscriptionRecord, parse_cursor, parse_delivery
 from danube_core.topics import TopicName
@@ -176,10 +177,11 @@ class TopicInspector:
         self._keys = keys.StorageKeys(options.root_prefix)
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> "TopicInspector":
+    def from_options(cls, options: Mapping[str, str], etcd: EtcdSettings | None = None) -> "TopicInspector":
         """Connect with the same options as `spark.read.format("danube")` (topic/namespace/pattern
-        select what `topics()` lists); ConfigError names a bad option."""
-        parsed = parse_options(options)
+        select what `topics()` lists); ConfigError names a bad option. `etcd`: settings given
+        instead of the `etcd.*` options (a command's `--etcd` flags)."""
+        parsed = parse_options(options, etcd=etcd)
         catalog, metadata = open_catalog(parsed)
         return cls(parsed, catalog, metadata)
 

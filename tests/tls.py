@@ -1,12 +1,18 @@
 """Certificates made by the tests themselves (a CA and one certificate for 127.0.0.1), for a
-TLS etcd: nothing is checked in, nothing is fetched."""
+TLS etcd: nothing is checked in, nothing is fetched; and such an etcd, secured as an operator
+would run it (`secured_etcd`)."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from devstack.embedded_etcd import EmbeddedEtcd
 
 
 @dataclass(frozen=True)
@@ -47,3 +53,18 @@ def make_certificates(directory: Path) -> TestCertificates:
     Path(paths.key).write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                   serialization.NoEncryption()))
     return paths
+
+
+@contextmanager
+def secured_etcd(directory: Path, root_password: str) -> Iterator[tuple["EmbeddedEtcd", TestCertificates]]:
+    """A real etcd serving TLS only, asking for client certificates signed by the test CA, with
+    authentication on (user `root`, `root_password`); certificates made in `directory`, and
+    (server, certificates) yielded. Stopped on exit."""
+    from devstack.embedded_etcd import EmbeddedEtcd, EtcdSecurity
+
+    certs = make_certificates(directory)
+    server = EmbeddedEtcd(security=EtcdSecurity(certs.cert, certs.key, certs.ca_cert, root_password))
+    try:
+        yield server, certs
+    finally:
+        server.stop()

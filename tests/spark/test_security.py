@@ -19,11 +19,10 @@ import pytest
 import yaml
 from danube import DanubeClientBuilder, DispatchStrategy
 
-from devstack.embedded_etcd import EmbeddedEtcd, EtcdSecurity
 from devstack.ports import free_port
 from danube_core.metadata_etcd import EtcdMetadataStore
 from tests.integration.broker_process import REPO_ROOT, BrokerProcess
-from tests.tls import make_certificates
+from tests.tls import secured_etcd
 
 pytestmark = pytest.mark.spark
 
@@ -34,10 +33,8 @@ SECRETS = (ETCD_PASSWORD, S3_SECRET)
 
 @pytest.fixture(scope="module")
 def secure_etcd(tmp_path_factory):
-    certs = make_certificates(tmp_path_factory.mktemp("certs"))
-    server = EmbeddedEtcd(security=EtcdSecurity(certs.cert, certs.key, certs.ca_cert, ETCD_PASSWORD))
-    yield server, certs
-    server.stop()
+    with secured_etcd(tmp_path_factory.mktemp("certs"), ETCD_PASSWORD) as secured:
+        yield secured
 
 
 def assert_no_secret(where: str, text: str, more: tuple[str, ...] = ()) -> None:

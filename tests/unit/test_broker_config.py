@@ -104,15 +104,13 @@ def test_uploader_enabled_false_is_ignored_with_a_warning_as_danube_does(caplog)
 def test_admin_with_config_uses_the_brokers_etcd_credentials(tmp_path, monkeypatch):
     """`python -m broker.admin --config` reached the broker's etcd with its endpoint only, so a
     secured etcd (TLS, password) refused it; it now takes `meta_store`'s settings whole."""
-    import argparse
-
-    from broker.admin import _etcd_and_prefix
+    from broker.admin import _etcd_and_prefix, _parser
 
     path = tmp_path / "broker.yaml"
     path.write_text("meta_store: {host: etcd.local, port: 2390, user: root, ca_cert: /ca.pem, "
                     "cert_key: /k.pem, cert_cert: /c.pem}\n")
     monkeypatch.setenv("DANUBE_META_STORE__PASSWORD", "pw-admin")
-    etcd, _ = _etcd_and_prefix(argparse.Namespace(config=str(path), etcd=None, root_prefix=None))
+    etcd, _ = _etcd_and_prefix(_parser().parse_args(["--config", str(path), "namespaces", "list"]))
     assert (etcd.endpoints, etcd.user, etcd.password, etcd.ca_cert, etcd.cert_cert) == (
         "etcd.local:2390", "root", "pw-admin", "/ca.pem", "/c.pem")
     assert etcd.names is not None and etcd.names.password == "meta_store.password"
