@@ -19,8 +19,11 @@ import pytest
 
 from devstack.embedded_etcd import EmbeddedEtcd
 from devstack.ports import free_port, wait_for_port
+from tests import jvm_class_archive
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+_ARCHIVE_MAKER = pytest.StashKey["subprocess.Popen | None"]()
 
 # DANUBE_TEST_CPU_REPORT=<file>: one JSON line per test with the CPU it and its processes used.
 pytest_plugins = ["tests.cpu_report"]
@@ -63,9 +66,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse, before any worker starts, the pytest-xdist and pytest releases whose loadgroup
-    does not group (pytest-xdist#1386; constraints.txt has working ones)."""
-    if config.getoption("dist", default="no") != "loadgroup" or hasattr(config, "workerinput"):
+    """Before any worker starts: Spark drivers map a class-data archive (`jvm_class_archive`,
+    made in the background the first time; not for `-m unit`, which starts no JVM); refuse the
+    pytest-xdist and pytest releases whose loadgroup does not group (pytest-xdist#1386;
+    constraints.txt has working ones)."""
+    if hasattr(config, "workerinput"):
+        return
+    if config.getoption("markexpr", default="") != UNIT:
+        config.stash[_ARCHIVE_MAKER] = jvm_class_archive.start(REPO_ROOT)
+    if config.getoption("dist", default="no") != "loadgroup":
         return
     import xdist
     from packaging.version import Version
@@ -73,6 +82,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if Version(pytest.__version__) >= Version("9.2") and Version(xdist.__version__) <= Version("3.8.0"):
         raise pytest.UsageError(f"pytest-xdist {xdist.__version__} cannot group tests on pytest {pytest.__version__} "
                                 "(`--dist loadgroup`, pytest-xdist#1386): install the versions in constraints.txt")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    maker = config.stash.get(_ARCHIVE_MAKER, None)
+    if maker is not None:
+        jvm_class_archive.stop(maker, timeout_s=300)
 
 
 @pytest.hookimpl(trylast=True)
