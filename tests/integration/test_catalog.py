@@ -130,11 +130,17 @@ def test_offsets_and_snapshot_of_objects_plus_wal(metadata, make, s3_store, uniq
     assert read_back(cat, b.name, 0, 2230) == [b.messages[o] for o in range(2230)]
 
 
-def test_planning_reads_descriptors_by_range_not_the_whole_history(metadata, make, s3_store, unique_name):
+def uploaded_in_fives(make, unique_name, uploads: int = 40) -> TopicBuilder:
+    """A topic of `uploads` objects of 5 messages each, every one uploaded."""
     b = make(f"/default/{unique_name('t')}")
-    for _ in range(40):
+    for _ in range(uploads):
         b.append(5)
         b.upload()
+    return b
+
+
+def test_planning_reads_descriptors_by_range_not_the_whole_history(metadata, make, s3_store, unique_name):
+    b = uploaded_in_fives(make, unique_name)
     counting = CountingMetadata(metadata)
     cat = catalog(counting, s3_store, wal_root="none")
     cat.latest_offsets([b.name])  # the run audit reads the whole history once per catalog
@@ -156,10 +162,7 @@ def test_a_run_audit_folds_a_clean_history_a_page_at_a_time(metadata, make, s3_s
     """A stream from `earliest` audits the history it will read holding one page of it; the
     audit is the one a whole read gives, and every message is still read."""
     monkeypatch.setattr(catalog_module, "AUDIT_PAGE_KEYS", 8)
-    b = make(f"/default/{unique_name('t')}")
-    for _ in range(40):
-        b.append(5)
-        b.upload()
+    b = uploaded_in_fives(make, unique_name)
     counting = CountingMetadata(metadata)
     cat = catalog(counting, s3_store, wal_root="none")
     audit = cat.audit(b.name)
