@@ -312,8 +312,7 @@ class TopicCatalog:
                 break
         if run.clean and run.stop is not None and (wal_stop is None or wal_stop >= run.stop):
             newest = run.newest[-1].created_at
-            unreferenced = [(oid, start, None if start >= run.stop and parse_object_id(oid)[1] >= newest
-                             else self._last_offset_of(self._objects_url(topic) + oid, start))
+            unreferenced = [(oid, start, self._unless_in_flight(topic, oid, start, run.stop, newest))
                             for oid, start in run.unreferenced()]
             audit = audit_contiguous_run(str(topic), run, self._objects_url(topic), unreferenced, wal,
                                          stale_wal, sealed)
@@ -335,16 +334,21 @@ class TopicCatalog:
         referenced = {d.object_id for d in descriptors}
         uploaded_stop = chain[-1].end_offset + 1 if chain else 0
         newest = max((d.created_at for d in chain), default=0)
-
-        def in_flight(object_id: str, start: int) -> bool:  # written, its descriptor not yet
-            return start >= uploaded_stop and parse_object_id(object_id)[1] >= newest
-
         listed = []
         for oid in listed_ids:
             start = parse_object_id(oid)[0]
-            listed.append((oid, start, None if oid in referenced or in_flight(oid, start)
-                           else self._last_offset_of(self._objects_url(topic) + oid, start)))
+            listed.append((oid, start, None if oid in referenced
+                           else self._unless_in_flight(topic, oid, start, uploaded_stop, newest)))
         return audit_runs(str(topic), descriptors, cur, self._objects_url(topic), listed, wal, stale_wal, sealed)
+
+    def _unless_in_flight(self, topic: TopicName, object_id: str, start: int, uploaded_stop: int,
+                          newest: int) -> int | None:
+        """Last offset of an object no descriptor references, or None for an upload in flight
+        (at or above the uploaded head and no older than the newest upload: its descriptor is
+        not written yet), which is not scanned."""
+        if start >= uploaded_stop and parse_object_id(object_id)[1] >= newest:
+            return None
+        return self._last_offset_of(self._objects_url(topic) + object_id, start)
 
     def _descriptor_pages(self, topic: TopicName, floor: int) -> Iterator[list[ObjectDescriptor]]:
         """The topic's descriptors from key `floor` on, by start offset, `AUDIT_PAGE_KEYS` at a
