@@ -268,6 +268,12 @@ class Subscription:
     def backlog(self) -> int:
         return len(self._pending)
 
+    @property
+    def acked_offset(self) -> int | None:
+        """The newest offset acknowledged through (inclusive; None: none yet, or not reliable),
+        possibly ahead of the cursor in etcd: what the lag metric counts from."""
+        return None if self._cursor is None else self._cursor.acked_offset
+
     def close(self) -> None:
         """Stop reading and delivering; consumers are told to look the topic up again.
 

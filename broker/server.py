@@ -1,7 +1,8 @@
 """Process wiring: metadata store, storage engine, gRPC server and cluster membership.
 
 Boot order (as Danube's, §5.5): cluster name key, namespaces `default`, `system` and the
-bootstrap ones with the configured policies, the system topic root key, the gRPC server, then
+bootstrap ones with the configured policies, the system topic root key, the gRPC server (and
+the Prometheus endpoint, `broker.metrics`, when `broker.ports.prometheus` is set), then
 registration, state, assignments watch, load reports and leader election. Client lookups
 (topics, owners, registrations, namespaces and policies, producer and subscription records),
 the membership's assignment handling and the leader's placement read a `LocalCache` that reads
@@ -19,7 +20,7 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import grpc
@@ -53,6 +54,9 @@ from danube_core.metadata import Lease, MetadataStore
 from danube_core.records import BrokerRegistration, dump_u64
 from danube_core.topics import TopicName
 from devstack.embedded_etcd import EmbeddedEtcd  # `meta_store.embedded`: the development default
+
+if TYPE_CHECKING:
+    from broker.metrics import MetricsServer  # prometheus-client is imported only when a port is set
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +145,7 @@ class BrokerServer:
         self._membership: ClusterMembership | None = None
         self._election: LeaseElection | None = None
         self._assigner: TopicAssigner | None = None
+        self._metrics: MetricsServer | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
 
@@ -163,6 +168,7 @@ class BrokerServer:
             ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
         ])
         add_services(self._grpc, self.service)
+        self._serve_metrics()
         add_schema_registry(self._grpc, self.metadata)
         native = cfg.listener.grpc_front == "native"
         grpc_address = "127.0.0.1:0" if native else cfg.listener.bind_address  # behind the front: loopback only
@@ -176,6 +182,22 @@ class BrokerServer:
         await asyncio.to_thread(self._join_cluster)
         logger.info("broker %d serving on %s (advertised %s), etcd %s", self.broker_id,
                     cfg.listener.bind_address, cfg.listener.broker_url, cfg.meta_store.endpoint)
+
+    def _serve_metrics(self) -> None:
+        """Prometheus metrics (`broker.metrics`) on `broker.ports.prometheus`, if set: Danube's
+        `prom_exporter`, the address this broker registers."""
+        listener = self.config.listener
+        if listener.prometheus_port is None or self.service is None:
+            return
+        from broker.metrics import BrokerCollector, MetricsServer
+
+        election = lambda: self._election is not None and self._election.is_leader  # noqa: E731
+        try:
+            self._metrics = MetricsServer(BrokerCollector(self.service, self.broker_id, election),
+                                          listener.host, listener.prometheus_port)
+        except OSError as exc:
+            raise ConfigError(f"config {self.config.source}: broker.ports.prometheus: cannot listen on "
+                              f"{listener.host}:{listener.prometheus_port}: {exc.strerror or exc}") from exc
 
     def _connect_metadata(self) -> MetadataStore:
         store = self.config.meta_store
@@ -265,6 +287,8 @@ class BrokerServer:
             self.metadata.close()
         if self._wal_http is not None:
             self._wal_http.stop()
+        if self._metrics is not None:
+            self._metrics.close()
         if self._etcd is not None:
             self._etcd.stop()
         if self._dir_lock is not None:

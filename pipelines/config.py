@@ -190,6 +190,15 @@ class TriggerConfig:
 
 
 @dataclass(frozen=True, config=_SECTION)
+class MetricsConfig:
+    """The pipeline's Prometheus endpoint (`pipelines.metrics_endpoint`): `port`, and `host`
+    to bind (127.0.0.1 by default: a Prometheus on another machine needs `0.0.0.0`)."""
+
+    port: Int
+    host: Text = "127.0.0.1"
+
+
+@dataclass(frozen=True, config=_SECTION)
 class PipelineConfig:
     """One pipeline: topics in, a Delta target and a Delta quarantine out."""
 
@@ -203,6 +212,7 @@ class PipelineConfig:
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     spark_conf: Settings = field(default_factory=dict)
     speedlayer: SpeedLayerFeed | None = None  # the speed-layer dataset the target feeds (pipelines.speedlayer_feed)
+    metrics: MetricsConfig | None = None  # no Prometheus endpoint unless set
     file: str = field(default="<memory>", compare=False)
 
 
@@ -355,6 +365,8 @@ def _check(config: PipelineConfig, loader: _Loader) -> None:
     if locations[0] == locations[1]:
         raise loader.error("quarantine", f"must differ from the target ({locations[0]})")
     _check_trigger(config.trigger, loader)
+    if config.metrics is not None and not 1 <= config.metrics.port <= 65535:
+        raise loader.error("metrics.port", f"expected a TCP port 1-65535, got {config.metrics.port}")
     source_options = {"etcd.endpoints": config.source.etcd_endpoints, **config.source.options}
     for key, problem in check_feed(config.speedlayer, source_options) if config.speedlayer is not None else ():
         raise loader.error(key, problem)

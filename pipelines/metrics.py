@@ -2,16 +2,20 @@
 
 The sink records one `BatchReport` per batch it commits; the runner, the demo, the benchmark
 and the notebooks read them from `PipelineMetrics` (thread-safe: foreachBatch runs on a Spark
-thread while the caller polls).
+thread while the caller polls), and listeners hear of each as it is recorded (the Prometheus
+endpoint, `pipelines.metrics_endpoint`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from pipelines.expectations import BatchQuality
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,12 +69,26 @@ class PipelineMetrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._reports: list[BatchReport] = []
+        self._listeners: list[Callable[[BatchReport], None]] = []
         self.announced = 0           # commits announced to the speed layer
         self.announce_failures = 0   # announcements that failed (logged; the master's poll finds them)
 
+    def add_listener(self, listener: Callable[[BatchReport], None]) -> None:
+        """Call `listener` with every report recorded from now on (on the sink's thread)."""
+        with self._lock:
+            self._listeners.append(listener)
+
     def record(self, report: BatchReport) -> None:
+        """Keep `report` and tell the listeners. The batch is committed by now: a listener's
+        failure is logged, never raised, since failing the batch would only replay it."""
         with self._lock:
             self._reports.append(report)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(report)
+            except Exception:
+                logger.exception("a listener of the pipeline's batch reports failed on batch %d", report.batch_id)
 
     @property
     def reports(self) -> list[BatchReport]:

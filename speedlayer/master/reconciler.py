@@ -25,9 +25,9 @@ from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
 from speedlayer.master.worker_streams import StreamRegistry, WorkerSession
 from speedlayer.observability.audit import AuditEvent, AuditLogger
-from speedlayer.observability.metrics import EVICTIONS, WORKERS_REGISTERED
+from speedlayer.observability.metrics import EVICTIONS, WORKERS_REGISTERED, set_epoch_counts
 from speedlayer.records import (
-    ASSIGNED, EVICTED, FAILED, PLANNED, R_FAILED, R_READY, AssignmentRecord, ReplicaRecord, WorkerRecord,
+    ASSIGNED, EVICTED, FAILED, PENDING, PLANNED, R_FAILED, R_READY, AssignmentRecord, ReplicaRecord, WorkerRecord,
 )
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,21 @@ def candidates_of(records: list[AssignmentRecord], sessions: list[WorkerSession]
                       assigned_bytes=assigned.get(key, (0, 0))[0], epoch_count=assigned.get(key, (0, 0))[1],
                       draining=key in draining)
             for key, size in sorted(memory.items())]
+
+
+EPOCH_STATUSES = (PENDING, PLANNED, ASSIGNED, FAILED, EVICTED)
+
+
+def epoch_counts(records: list[AssignmentRecord]) -> dict[tuple[str, str, str], int]:
+    """(tenant, dataset, status) -> epochs, every status of a dataset present (zeros included),
+    so a dataset's FAILED count drops to 0 rather than vanishing when the epoch is retired."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for tenant, dataset in {(r.tenant, r.dataset) for r in records}:
+        counts.update({(tenant, dataset, status): 0 for status in EPOCH_STATUSES})
+    for record in records:
+        key = (record.tenant, record.dataset, record.status)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 class Reconciler:
@@ -127,6 +142,7 @@ class Reconciler:
             self._fail_if_unplaceable(record, max_failures)
         for session in self._registry.all():
             self.sync(session)
+        set_epoch_counts(epoch_counts(self._state.snapshot()[0]))
         waits = [max(since + delay, grace_end if k in taking_over else 0.0) - now
                  for k, since in lost_since.items() if k in in_grace]
         return max(0.05, min([IDLE_CHECK_S, *waits]))

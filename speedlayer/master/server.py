@@ -37,7 +37,7 @@ from speedlayer.master.strategies import AssignmentStrategy, strategy_named
 from speedlayer.master.worker_streams import StreamRegistry
 from speedlayer.master.workers import WorkerDirectory
 from speedlayer.observability.audit import AuditEvent, AuditLogger, JsonlAuditLogger
-from speedlayer.observability.metrics import LEADER_STATUS, TimedMetadataStore, serve_metrics
+from speedlayer.observability.metrics import LEADER_STATUS, TimedMetadataStore, forget_leader_view, serve_metrics
 from speedlayer.protocol.master_rpc import MASTER_SERVER_OPTIONS, MAX_RECONNECT_BACKOFF_S
 from speedlayer.sources import TableSource
 from speedlayer.sources.delta import DeltaTableSource
@@ -179,6 +179,7 @@ class MasterServer:
         if runtime is None:
             return
         runtime.stop()
+        forget_leader_view()
         self.audit.record(AuditEvent(kind="leader.deposed", master_id=self.config.master_id))
 
     def leader(self) -> LeaderRuntime:

@@ -18,6 +18,7 @@ from danube_core.metadata import MetadataStore, WatchEvent, WatchHandle
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.keys import SpeedLayerKeys
+from speedlayer.observability.metrics import WORKERS_LOST
 from speedlayer.records import AssignmentRecord, GlobalConfig, TenantConfig, WorkerRecord
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,9 @@ class ClusterState:
         self._watches = [self.metadata.watch_prefix(self.keys.workers_prefix, self._on_worker),
                          self.metadata.watch_prefix(self.keys.drain_prefix, self._on_drain)]
         for key, raw in self.metadata.get_prefix(self.keys.workers_prefix):
-            self.workers[self.keys.parse_worker(key)] = WorkerRecord.from_json(raw, key)
+            worker_key = self.keys.parse_worker(key)
+            self.workers[worker_key] = WorkerRecord.from_json(raw, key)
+            WORKERS_LOST.labels(tenant=worker_key[0])  # at 0 before its first loss: see _on_worker
         for key, _ in self.metadata.get_prefix(self.keys.drain_prefix, keys_only=True):
             tenant, _, worker = key[len(self.keys.drain_prefix):].partition("/")
             self.draining.add((tenant, worker))
@@ -134,6 +137,8 @@ class ClusterState:
             if event.value is None:
                 if self.workers.pop(key, None) is not None:
                     self.lost_since[key] = time.monotonic()
+                    if key not in self.draining:  # a drained worker leaving is the drain's end, not a loss
+                        WORKERS_LOST.labels(tenant=key[0]).inc()
                 if key in self.draining:  # a drained worker that left: a new one of that id starts afresh
                     self.draining.discard(key)
                     threading.Thread(target=self.metadata.delete, args=(self.keys.drain(*key),), daemon=True).start()
@@ -142,6 +147,9 @@ class ClusterState:
             else:
                 self.workers[key] = WorkerRecord.from_json(event.value, event.key)
                 self.lost_since.pop(key, None)
+                # The tenant's series exists (at 0) before its first loss: `increase()` over a
+                # series born at 1 would miss that loss.
+                WORKERS_LOST.labels(tenant=key[0])
         self._changed()
 
     def _on_drain(self, event: WatchEvent) -> None:

@@ -1,11 +1,16 @@
 """Prometheus metrics (seed §14) plus load times; served on `metrics_port` when configured.
 
+Labels are bounded: tenants, datasets, statuses, outcomes and operation names, never offsets,
+query texts or request ids (`worker_epoch_rows` names epochs, which the lifecycle evicts).
+`deploy/grafana/speedlayer.json` and `deploy/prometheus/alerts.yml` are built on these names.
+
 `TimedMetadataStore` wraps a `MetadataStore` so every etcd call lands in
 `etcd_client_latency_seconds{op}` without the master's code timing anything itself.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -36,6 +41,12 @@ REFRESH_LAG = Histogram(
     "master_refresh_detect_seconds", "Source commit time to the refresh epoch being planned",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
+# The leader's view only: set by its reconciler on every pass, cleared when it is deposed
+# (`forget_leader_view`), so a follower never reports a stale count.
+EPOCHS = Gauge("master_epochs", "Epochs the leader holds, by admission status, per tenant and dataset",
+               ["tenant", "dataset", "status"])
+WORKERS_LOST = Counter("master_workers_lost_total",
+                       "Registered workers whose lease expired without a drain (seen by the leader)", ["tenant"])
 GATEWAY_QUERIES = Counter("gateway_queries_total", "Queries through the gateway by outcome (OK or a status)",
                           ["tenant", "outcome"])
 GATEWAY_QUERY_SECONDS = Histogram(
@@ -48,7 +59,32 @@ _TIMED = {"get", "put", "delete", "delete_prefix", "get_prefix", "get_range", "p
           "compare_and_put", "grant_lease"}
 
 
+def set_epoch_counts(counts: dict[tuple[str, str, str], int]) -> None:
+    """`master_epochs` as `counts` ((tenant, dataset, status) -> epochs) says: a dataset's
+    series that `counts` no longer names are removed, so a deleted dataset's counts go away."""
+    with _EPOCH_LOCK:
+        for labels in _EPOCH_SERIES - counts.keys():
+            EPOCHS.remove(*labels)
+        for (tenant, dataset, status), count in counts.items():
+            EPOCHS.labels(tenant=tenant, dataset=dataset, status=status).set(count)
+        _EPOCH_SERIES.clear()
+        _EPOCH_SERIES.update(counts)
+
+
+def forget_leader_view() -> None:
+    """Drop the gauges only a leader sets (a deposed master must not keep reporting them)."""
+    with _EPOCH_LOCK:
+        EPOCHS.clear()
+        _EPOCH_SERIES.clear()
+    WORKERS_REGISTERED.clear()
+
+
+_EPOCH_LOCK = threading.Lock()  # the reconciler sets, the election thread clears
+_EPOCH_SERIES: set[tuple[str, str, str]] = set()  # the label sets `master_epochs` exports now
+
+
 def serve_metrics(port: int | None) -> None:
+    """Serve the process's default registry on 127.0.0.1:`port` (nothing when `port` is None)."""
     if port:
         start_http_server(port, addr="127.0.0.1")
 
