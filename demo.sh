@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: starts a local etcd and our broker on local storage,
 # produces a sample topic with the official danube-client, runs the pipeline into a Delta
-# table and prints the result; then shuts down what it started.
+# table and prints the result, then the speed layer's queries; at the end it prints the console's
+# URL and keeps everything up until Ctrl-C (`./demo.sh --no-console`, or CI=1, stops at once).
 set -euo pipefail
 # Exact versions come from constraints.txt (setup.cfg has the ranges). editable_mode=compat puts the checkout on sys.path through a .pth file, so Spark's data
 # source lookup (pkgutil.iter_modules) finds `pyspark_danube` and format("danube") needs no call.

@@ -2,7 +2,7 @@
 # Runs every benchmark in bench/; each prints a table and writes JSON to bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -e ".[test,bench]"
+python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -e ".[test,bench,console]"
 mkdir -p bench/results
 for script in bench/bench_*.py; do
   echo "== ${script}"

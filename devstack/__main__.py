@@ -22,13 +22,15 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="the one-command demo on the embedded defaults")
     demo.add_argument("--data-dir", default=None, help="where to keep etcd, WAL, objects, Delta (default: a temp dir)")
     demo.add_argument("--messages", type=int, default=200, help="how many messages to produce")
+    demo.add_argument("--no-console", action="store_true",
+                      help="stop at once at the end instead of serving the console (as under CI)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     from devstack.demo import run_demo
 
     try:
-        return run_demo(data_dir=args.data_dir, messages=args.messages)
+        return run_demo(data_dir=args.data_dir, messages=args.messages, console=not args.no_console)
     except (ConfigError, MetadataError, ObjectStoreError) as exc:
         logger.debug("traceback", exc_info=exc)
         print(f"error: {exc}", file=sys.stderr)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import shutil
 import sys
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 TOPIC = "/default/orders"
 SUBJECT = "orders"
 PIPELINE_FILE = REPO_ROOT / "conf" / "pipelines" / "orders.yaml"
+CONSOLE_PORT = 0  # a free port: the URL is printed
 ORDER_SCHEMA = {
     "$schema": "http://json-schema.org/draft-07/schema#",
     "title": "Order",
@@ -109,8 +111,9 @@ async def produce(service_url: str, topic: str, payloads: list[bytes], *, partit
         await producer.close()
 
 
-def run_demo(data_dir: str | None = None, messages: int = 200) -> int:
-    """Run the whole demo; returns the process exit code."""
+def run_demo(data_dir: str | None = None, messages: int = 200, console: bool = True) -> int:
+    """Run the whole demo; returns the process exit code. `console`: at the end, serve the
+    console on the demo's stack until Ctrl-C (off under CI, where the demo stops at once)."""
     owned = data_dir is None
     root = Path(data_dir or tempfile.mkdtemp(prefix="danube-demo-")).resolve()
     say(f"== danube-spark demo (data in {root})")
@@ -123,7 +126,7 @@ def run_demo(data_dir: str | None = None, messages: int = 200) -> int:
         asyncio.run(produce(stack.service_url, TOPIC, [p for p, _ in orders], schema_subject=SUBJECT))
         valid = sum(ok for _, ok in orders)
         say(f"published {len(orders)} orders to {TOPIC} with danube-client ({len(orders) - valid} broken on purpose)")
-        _run_pipeline(stack, root)
+        _run_pipeline(stack, root, console and not os.environ.get("CI"))
     finally:
         stack.stop()
         if owned:
@@ -132,7 +135,7 @@ def run_demo(data_dir: str | None = None, messages: int = 200) -> int:
     return 0
 
 
-def _run_pipeline(stack: EmbeddedStack, root: Path) -> None:
+def _run_pipeline(stack: EmbeddedStack, root: Path, console: bool) -> None:
     from pipelines.runner import PipelineRunner
 
     env = {"DANUBE_ETCD_ENDPOINTS": stack.etcd_endpoint, "DANUBE_STORAGE_URL": stack.storage_url,
@@ -144,7 +147,7 @@ def _run_pipeline(stack: EmbeddedStack, root: Path) -> None:
         metrics = runner.run()
         say(f"pipeline finished: {metrics.totals()}")
         _show_results(runner, config)
-        _query_speed_layer(stack, root, config.target.path)
+        _query_speed_layer(stack, root, config.target.path, env if console else None)
     finally:
         runner.stop()
         runner.spark.stop()
@@ -176,7 +179,8 @@ SPEED_LAYER_QUERIES = (
 )
 
 
-def _query_speed_layer(stack: EmbeddedStack, root: Path, table_path: str) -> None:
+def _query_speed_layer(stack: EmbeddedStack, root: Path, table_path: str,
+                       console_env: dict[str, str] | None) -> None:
     import statistics
     import time
 
@@ -205,9 +209,33 @@ def _query_speed_layer(stack: EmbeddedStack, root: Path, table_path: str) -> Non
                 say(render_rows(table.column_names, table.to_pylist()))
                 say(f"{table.num_rows} row(s) in {first_ms:.1f} ms (then p50 {statistics.median(warm):.1f} ms "
                     f"over {len(warm)} runs)")
+        if console_env is not None:
+            _serve_console(stack, layer, console_env)
     finally:
         layer.stop()
         say("speed layer stopped")
+
+
+def _serve_console(stack: EmbeddedStack, layer, pipeline_env: dict[str, str]) -> None:
+    """The console on the demo's stack until Ctrl-C: its URL printed, everything still running."""
+    import time
+
+    from console.config import ConsoleConfig, SpeedLayerSection
+    from console.server import ConsoleServer
+    from danube_core.etcd_settings import EtcdSettings
+
+    server = ConsoleServer(ConsoleConfig(
+        port=CONSOLE_PORT, etcd=EtcdSettings(stack.etcd_endpoint), storage_url=stack.storage_url,
+        pipelines=(str(PIPELINE_FILE),), pipeline_env=pipeline_env, history_interval_s=2.0,
+        speedlayer=SpeedLayerSection("/speedlayer", (layer.master,)))).start()
+    say(f"\n== the console: {server.url}  (Ctrl-C stops it and the demo; --no-console stops at once)")
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        say("")
+    finally:
+        server.stop()
 
 
 def _table(df) -> str:

@@ -1,0 +1,69 @@
+"""The console's pure parts: its configuration, Prometheus text and histogram quantiles,
+payload display, and the lag history's bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from console.config import load_console_config
+from console.lag_history import LagHistory
+from console.message_view import show_payload
+from console.metrics_scrape import Sample, Scrape, histogram_quantile, metrics_url
+from console.topics import SubscriptionRow
+from danube_core.errors import ConfigError
+from danube_core.schema_records import SchemaDef
+
+pytestmark = pytest.mark.unit
+
+
+def test_config_defaults_read_only_on_loopback():
+    config = load_console_config(None, environ={})
+    assert (config.host, config.port, config.actions_enabled) == ("127.0.0.1", 8090, False)
+
+
+def test_config_env_overrides_and_etcd_section(tmp_path):
+    file = tmp_path / "console.yaml"
+    file.write_text("etcd: {endpoints: 'a:1', user: u}\nlisten: {port: 9000}\n")
+    config = load_console_config(str(file), environ={"CONSOLE_ETCD__PASSWORD": "pw", "CONSOLE_LISTEN__PORT": "9001"})
+    assert config.port == 9001 and config.etcd.user == "u" and config.etcd.password == "pw"
+    assert "pw" not in repr(config)
+
+
+def test_config_refuses_actions_without_a_token_and_unknown_keys(tmp_path):
+    with pytest.raises(ConfigError, match="no token"):
+        load_console_config(None, allow_actions=True, environ={})
+    config = load_console_config(None, allow_actions=True, environ={"CONSOLE_ACTIONS__TOKEN": "t0k"})
+    assert config.actions_enabled and "t0k" not in repr(config)
+    file = tmp_path / "bad.yaml"
+    file.write_text("etcd: {endpoint: x}\n")
+    with pytest.raises(ConfigError, match="etcd.endpoint: unknown key"):
+        load_console_config(str(file), environ={})
+
+
+def test_metrics_url_and_histogram_quantile():
+    assert metrics_url("h:1") == "http://h:1/metrics"
+    assert metrics_url("https://h/metrics") == "https://h/metrics"
+    buckets = [("0.1", 50.0), ("0.5", 90.0), ("1.0", 100.0), ("+Inf", 100.0)]
+    scrape = Scrape("e", [Sample("q_seconds_bucket", {"le": le, "outcome": o}, n / 2) for le, n in buckets
+                          for o in ("OK", "FAILED")])
+    assert histogram_quantile(scrape, "q_seconds", 0.5) == pytest.approx(0.1)
+    assert histogram_quantile(scrape, "q_seconds", 0.7) == pytest.approx(0.3)
+    assert histogram_quantile(scrape, "absent", 0.5) is None
+    assert Scrape("e", problem="down").total("q_seconds_count") is None
+
+
+def test_payload_shown_decoded_as_text_or_as_hex():
+    json_schema = SchemaDef("JsonSchema", "{}", "f")
+    assert show_payload(b'{"b":1,"a":2}', json_schema)[:2] == ("json", '{\n  "a": 2,\n  "b": 1\n}')
+    shown, _, note = show_payload(b"not json", json_schema)
+    assert shown == "text" and "not JSON" in note
+    assert show_payload(b"plain words", None) == ("text", "plain words", None)
+    assert show_payload(b"\x00\xff", None)[:2] == ("hex", "00 ff")
+    assert "Avro payloads are not decoded" in show_payload(b"\x02", SchemaDef("Avro", "{}", "f"))[2]
+
+
+def test_lag_history_keeps_the_last_samples():
+    history = LagHistory(samples=3)
+    for i in range(5):
+        history.record([SubscriptionRow("/a/t", "s", None, None, i, 10 - i, None, None, None)], now=float(i))
+    assert [p[1] for p in history.series("/a/t", "s")] == [8, 7, 6]
