@@ -87,10 +87,8 @@ def etcd_kill_restart(workdir: Path, _etcd: Etcd, sizes: Sizes) -> dict:
     try:
         with Rig(workdir, own, "etcd-restart", sizes) as rig:
             config = streaming(rig.pipeline_file("etcdkill", sizes))
-            runs = [Pipeline(config, config.parent / "run-0.log").start()]
-            producer = AckingProducer(rig.broker.url, rig.topic).start()
+            runs, producer = _stream_running(rig, config, sizes)
             try:
-                poll(lambda: len(producer.acked) >= sizes.before, 120, f"{sizes.before} acks")
                 own.kill9()
                 down = time.monotonic()
                 time.sleep(sizes.fault_s)  # the fault's length, not a wait for a condition
@@ -105,6 +103,17 @@ def etcd_kill_restart(workdir: Path, _etcd: Etcd, sizes: Sizes) -> dict:
                        f"{while_down} sends acknowledged while etcd was down; {_restarts(runs)}")
     finally:
         own.stop()
+
+
+def _stream_running(rig: Rig, config: Path, sizes: Sizes) -> tuple[list[Pipeline], AckingProducer]:
+    """`sizes.before` messages sent, the streaming pipeline of `config` started and through
+    its first batch of them, and a paced producer sending on: the state a timed fault meets."""
+    first = rig.produce(sizes.before)
+    runs = [Pipeline(config, config.parent / "run-0.log").start()]
+    rig.wait_for_rows(config, first, runs)
+    producer = rig.keep_producing(first)
+    poll(lambda: len(producer.acked) > len(first.acked), 120, "a send while the stream runs")
+    return runs, producer
 
 
 def _sends_resumed(producer: AckingProducer, back: float, sizes: Sizes, what: str) -> float:
@@ -124,10 +133,8 @@ def etcd_slow(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
     try:
         with Rig(workdir, etcd, "etcd-slow", sizes, broker_etcd=proxy.endpoint) as rig:
             config = streaming(rig.pipeline_file("etcdslow", sizes, etcd=proxy.endpoint))
-            runs = [Pipeline(config, config.parent / "run-0.log").start()]
-            producer = AckingProducer(rig.broker.url, rig.topic).start()
+            runs, producer = _stream_running(rig, config, sizes)
             try:
-                poll(lambda: len(producer.acked) >= sizes.before, 120, f"{sizes.before} acks")
                 proxy.set_mode(DELAY, 6.0)
                 time.sleep(sizes.fault_s)  # the fault's length
                 proxy.set_mode(PASS)
@@ -169,10 +176,8 @@ def s3_faults(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
     try:
         with Rig(workdir, etcd, "s3-faults", sizes, cloud=cloud, storage=storage) as rig:
             config = streaming(rig.pipeline_file("s3", sizes))
-            runs = [Pipeline(config, config.parent / "run-0.log").start()]
-            producer = AckingProducer(rig.broker.url, rig.topic).start()
+            runs, producer = _stream_running(rig, config, sizes)
             try:
-                poll(lambda: len(producer.acked) >= sizes.before, 120, f"{sizes.before} acks")
                 proxy.set_mode(HTTP503)
                 time.sleep(sizes.fault_s / 2)  # the fault's length
                 proxy.set_mode(RESET)

@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=int, default=200, help="messages acknowledged after recovery")
     parser.add_argument("--batch", type=int, default=200, help="pipeline max_messages_per_trigger")
     parser.add_argument("--fault-s", type=float, default=10.0, help="length of timed faults (etcd, S3)")
+    parser.add_argument("--send-rate", type=float, default=None,
+                        help="messages a second from the producers that run through a fault (default: unpaced)")
     parser.add_argument("--register-ttl-s", type=int, default=32, help="broker registration lease (Danube: 32)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="cases run at once (each with its own etcd, broker, ports and pipelines)")
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [c for c in chosen if c not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
-    sizes = cases.Sizes(args.before, args.after, args.batch, args.register_ttl_s, args.fault_s)
+    sizes = cases.Sizes(args.before, args.after, args.batch, args.register_ttl_s, args.fault_s, args.send_rate)
     workdir = Path(tempfile.mkdtemp(prefix="danube-faults-"))
     etcd = Etcd(workdir / "etcd").start()
     started = time.monotonic()

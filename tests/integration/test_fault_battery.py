@@ -19,14 +19,14 @@ from bench import fault_cases as cases
 from bench import fault_cases_infra as infra
 from pipelines.batch_hooks import STEPS
 
-# One case at a time, on one pytest-xdist worker: cases that tell a lease's revocation from its
-# expiry by polling misjudge when another case's JVMs starve the poller (seen with two at once).
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("fault-battery")]
+# Each case goes to any free pytest-xdist worker (no case judges by timing: the lock-lease case
+# tells a revoked lease from an expired one by keeping the lease alive itself).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # DANUBE_FAULT_BATTERY=full runs every case at the battery's own sizes (as `python
 # bench/faults.py` does) instead of the small ones.
 FULL = os.environ.get("DANUBE_FAULT_BATTERY") == "full"
-SMALL = cases.Sizes(before=40, after=30, batch=100, register_ttl_s=3, fault_s=4.0)
+SMALL = cases.Sizes(before=40, after=30, batch=100, register_ttl_s=3, fault_s=4.0, send_rate_per_s=25)
 SIZES = cases.Sizes(register_ttl_s=3) if FULL else SMALL
 
 
@@ -84,6 +84,6 @@ def test_same_pipeline_started_twice_on_one_subscription(etcd_server, tmp_path):
 
 def test_lock_lease_lost_mid_query_stops_it_and_a_restart_is_exact(etcd_server, tmp_path):
     """Also: SIGTERM of the restarted pipeline releases the lock (revokes its lease) instead of
-    leaving it to expire, told apart by the lease's remaining time, not by a time limit."""
+    leaving it to expire, told apart by keeping the lease alive from the test meanwhile."""
     result = exactly_once(cases.lock_lease_lost(tmp_path, etcd_server, SIZES))
-    assert result["lock_revoked_before_expiry"], result
+    assert result["lock_released"], result
