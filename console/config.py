@@ -23,6 +23,14 @@ from danube_core.keys import DEFAULT_ROOT_PREFIX
 
 ENV_PREFIX = "CONSOLE_"
 SECTIONS = ("listen", "etcd", "storage", "pipelines", "speedlayer", "brokers", "history", "actions", "browser")
+# The keys of each section but etcd (checked by the shared etcd parser): a misspelt key is an
+# error naming it, not a setting silently left at its default.
+SECTION_KEYS_ACCEPTED = {
+    "listen": ("host", "port"), "storage": ("url", "options", "root_prefix"), "pipelines": ("files", "env"),
+    "speedlayer": ("key_root", "masters", "metrics"), "brokers": ("metrics_timeout_ms",),
+    "history": ("interval_seconds", "samples"), "actions": ("allowed", "token", "token_file"),
+    "browser": ("page_messages", "page_batches"),
+}
 DEFAULT_PORT = 8090
 
 
@@ -48,7 +56,6 @@ class ConsoleConfig:
     root_prefix: str = DEFAULT_ROOT_PREFIX
     pipelines: tuple[str, ...] = ()
     pipeline_env: Mapping[str, str] = field(default_factory=dict)
-    pipeline_metrics: Mapping[str, str] = field(default_factory=dict)  # pipeline name -> metrics endpoint
     speedlayer: SpeedLayerSection = field(default_factory=SpeedLayerSection)
     metrics_timeout_ms: int = 500
     history_interval_s: float = 10.0
@@ -93,6 +100,7 @@ def _build(data: dict[str, Any], where: str, allow_actions: bool) -> ConsoleConf
         pipelines = {"files": pipelines}
     if not isinstance(pipelines, dict):
         raise ConfigError(f"{where}: pipelines: expected a list of pipeline files or a mapping with `files`")
+    _check_keys(pipelines, "pipelines", where)
     token = actions.get("token")
     if token is None and actions.get("token_file"):
         try:
@@ -111,7 +119,6 @@ def _build(data: dict[str, Any], where: str, allow_actions: bool) -> ConsoleConf
         root_prefix=str(storage.get("root_prefix", DEFAULT_ROOT_PREFIX)),
         pipelines=tuple(str(p) for p in pipelines.get("files") or ()),  # relative: to the working directory
         pipeline_env={str(k): str(v) for k, v in (pipelines.get("env") or {}).items()},
-        pipeline_metrics={str(k): str(v) for k, v in (pipelines.get("metrics") or {}).items()},
         speedlayer=SpeedLayerSection(str(speed.get("key_root", "") or ""), _strings(speed.get("masters")),
                                      _strings(speed.get("metrics"))),
         metrics_timeout_ms=_int(_section(data, "brokers", where), "brokers.metrics_timeout_ms", where, 500, 1),
@@ -127,7 +134,16 @@ def _section(data: dict[str, Any], name: str, where: str) -> dict[str, Any]:
     value = data.get(name) or {}
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: {name}: expected a mapping")
+    if name in SECTION_KEYS_ACCEPTED:
+        _check_keys(value, name, where)
     return value
+
+
+def _check_keys(section: Mapping[str, Any], name: str, where: str) -> None:
+    accepted = SECTION_KEYS_ACCEPTED[name]
+    unknown = sorted(str(k) for k in section if k not in accepted)
+    if unknown:
+        raise ConfigError(f"{where}: {name}.{unknown[0]}: unknown key; accepted: {', '.join(accepted)}")
 
 
 def _etcd(data: dict[str, Any], where: str) -> EtcdSettings:

@@ -14,13 +14,11 @@ from danube_core.errors import DanubeError
 from danube_core.message import StreamMessage
 from danube_core.records import BrokerState
 from danube_core.topics import TopicName
-from speedlayer.records import Announcement
+from speedlayer.records import Announcement, AssignmentRecord
 
 from console.message_view import MessageRow, PayloadDecoder
-from console.metrics_scrape import Scrape, histogram_quantile, scrape
-from console.pipelines_view import (
-    PipelineFile, TableLog, metrics_endpoint, quarantine_reasons, read_batches, source_topics,
-)
+from console.metrics_scrape import Scrape, histogram_quantile
+from console.pipelines_view import PipelineFile, TableLog, read_batches, reasons_total, source_topics
 from console.services import ConsoleServices
 from console.topics import KeyReader, PartitionRow, SubscriptionRow, TopicRow
 from console.wal_tail import WalTail, read_wal_tail, topic_wal_dir
@@ -79,25 +77,53 @@ def decoded_rows(cache: KeyReader, topic: str, messages: list[StreamMessage]) ->
 
 @dataclass(frozen=True)
 class CursorRow:
+    """The pipeline's cursor on one partition against that partition's head."""
+
     subscription: SubscriptionRow | None
     partition: PartitionRow
+
+    @property
+    def head(self) -> int | None:
+        """The newest offset etcd shows for the partition (uploaded, sealed, or a cursor's):
+        the WAL's unuploaded tail is the topic page's to show, since it needs the WAL read."""
+        return self.partition.newest_known
+
+    @property
+    def behind(self) -> int | None:
+        """Messages between the cursor and the head (both inclusive offsets); None without a cursor."""
+        cursor = self.subscription.cursor if self.subscription is not None else None
+        head = self.head
+        return max(0, head - cursor) if cursor is not None and head is not None else None
 
 
 @dataclass(frozen=True)
 class PipelineSummary:
+    """From etcd only. `epoch`: the newest epoch of the dataset the pipeline feeds, to set its
+    announced version against what the speed layer serves (`announcement_pending`)."""
+
     file: PipelineFile
     cursors: list[CursorRow] = field(default_factory=list)
     announcement: Announcement | None = None
     announcement_note: str | None = None
+    epoch: AssignmentRecord | None = None
+
+    @property
+    def announcement_pending(self) -> bool:
+        """The speed layer has no epoch yet of the last version announced (-1: unknown version)."""
+        if self.announcement is None or self.announcement.version < 0:
+            return False
+        return self.epoch is None or self.epoch.version < self.announcement.version
 
 
 @dataclass(frozen=True)
 class PipelineDetail:
+    """The pipeline page: the summary, the target's log tail, and the quarantine by reason over
+    those batches (`unexplained`: batches that quarantined rows without recording why)."""
+
     summary: PipelineSummary
     log: TableLog
     reasons: dict[str, int]
-    metrics: Scrape | None
-    durations: dict[str, Any]
+    unexplained: int
     problems: list[str]
 
 
@@ -114,44 +140,45 @@ def pipeline_summary(services: ConsoleServices, cache: KeyReader | None, file: P
         for partition in topic.partitions if topic is not None else ():
             sub = next((s for s in partition.subscriptions if s.name == config.source.subscription), None)
             cursors.append(CursorRow(sub, partition))
-    announcement, note = None, None
-    if config.speedlayer is not None:
-        if (config.speedlayer.key_root or "") != services.speedlayer_keys.root:
-            note = f"announced under key root {config.speedlayer.key_root!r}, not the console's"
+    announcement, note, epoch = None, None, None
+    feed = config.speedlayer
+    if feed is not None:
+        if (feed.key_root or "") != services.speedlayer_keys.root:
+            note = f"announced under key root {feed.key_root!r}, not the console's"
         else:
-            key = services.speedlayer_keys.announce(config.speedlayer.tenant, config.speedlayer.dataset)
+            key = services.speedlayer_keys.announce(feed.tenant, feed.dataset)
             raw = cache.get(key)
-            announcement = Announcement.from_json(raw, key) if raw is not None else None
-            note = None if raw is not None else "nothing announced yet"
-    return PipelineSummary(file, cursors, announcement, note)
+            try:
+                announcement = Announcement.from_json(raw, key) if raw is not None else None
+                note = None if raw is not None else "nothing announced yet"
+            except DanubeError as exc:
+                note = str(exc)
+            epoch = newest_epoch(services, cache, feed.tenant, feed.dataset)
+    return PipelineSummary(file, cursors, announcement, note, epoch)
+
+
+def newest_epoch(services: ConsoleServices, cache: KeyReader, tenant: str, dataset: str) -> AssignmentRecord | None:
+    """The dataset's newest epoch (by source version, then creation) in the cache; None: none
+    admitted, or none readable."""
+    found = []
+    for key, raw in cache.get_prefix(services.speedlayer_keys.dataset_assignments_prefix(tenant, dataset)):
+        try:
+            found.append(AssignmentRecord.from_json(raw, key))
+        except DanubeError:
+            continue  # the speed-layer page names it
+    return max(found, key=lambda r: r.order) if found else None
 
 
 def pipeline_detail(services: ConsoleServices, cache: KeyReader | None, file: PipelineFile) -> PipelineDetail:
-    """The summary, the tail of the target's Delta log (one per request) and the quarantine by
-    reason for those batches; batch durations from the pipeline's metrics endpoint, if any."""
+    """The summary and the tail of the target's Delta log: one log tail per request, which
+    holds the batches' counts, reasons and durations (`console.pipelines_view`)."""
     assert file.config is not None
     config = file.config
     options = dict(config.speedlayer.storage_options) if config.speedlayer is not None else {}
     log = read_batches(config, services.config.page_batches, options)
-    reasons, problem = quarantine_reasons(config, [b.batch_id for b in log.batches], options)
-    endpoint = metrics_endpoint(config, services.config.pipeline_metrics)
-    metrics = scrape(endpoint, services.config.metrics_timeout_ms / 1000) if endpoint else None
-    durations = batch_durations(metrics) if metrics is not None and metrics.problem is None else {}
-    problems = [p for p in (log.problem, problem, metrics.problem if metrics else None) if p]
-    return PipelineDetail(pipeline_summary(services, cache, file), log, reasons, metrics, durations, problems)
-
-
-def batch_durations(metrics: Scrape) -> dict[str, Any]:
-    """Mean and p90 of the first batch-duration histogram the endpoint exports (its name is the
-    pipeline release's business: any `*batch*seconds` histogram), in seconds."""
-    names = sorted({s.name[: -len("_count")] for s in metrics.samples
-                    if s.name.endswith("_count") and "batch" in s.name and "second" in s.name})
-    if not names:
-        return {}
-    name = names[0]
-    count, total = metrics.total(f"{name}_count"), metrics.total(f"{name}_sum")
-    return {"name": name, "mean": (total / count) if count and total is not None else None,
-            "p90": histogram_quantile(metrics, name, 0.9), "batches": count}
+    reasons, unexplained = reasons_total(log.batches)
+    problems = [log.problem] if log.problem else []
+    return PipelineDetail(pipeline_summary(services, cache, file), log, reasons, unexplained, problems)
 
 
 # ---- speed layer ----------------------------------------------------------------------------

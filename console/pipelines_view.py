@@ -1,12 +1,15 @@
 """What the pipelines page shows for each pipeline file the console is given: its target table,
-its last batches from the tail of the target's Delta log, the quarantine by reason for those
-batches, its cursors against the topic heads, and its speed-layer announcement.
+its last batches from the tail of the target's Delta log (rows in, written, quarantined by
+reason, duration), its cursors against the topic heads, and its speed-layer announcement.
 
 Batches come from the commits' `userMetadata` the sink writes (`pipelines.delta_sink.
 commit_metadata`: pipeline, batch id, offsets, `counts` of rows in / to the target / to the
-quarantine), read with delta-rs (`history(limit)`: the newest commit files only, no Spark).
-Durations are not in the Delta log: they come from the pipeline's Prometheus endpoint when one
-is configured and exports a batch duration, and show as "—" otherwise.
+quarantine and by reason, `started_ms`), read with delta-rs (`history(limit)`: the newest
+commit files only, no Spark). That one log tail is all a pipeline page reads besides etcd: the
+quarantine table is not opened. A batch's duration is its commit's timestamp minus its
+`started_ms` (decode, validation and the writes; the cursor commit and the announcement come
+after). Commits written before those fields existed show "—" for what they lack. A batch whose
+rows were all quarantined has no commit in the target, so it is not listed.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from pipelines.config import PipelineConfig, load_config
 
 logger = logging.getLogger(__name__)
 
-REASON_COLUMNS = ("_batch_id", "_decode_error", "_failed_expectations")
-
 
 @dataclass(frozen=True)
 class BatchRow:
+    """One commit of the pipeline to its target. None: not recorded by the release that wrote it."""
+
     batch_id: int
     version: int
     committed_ms: int | None
@@ -35,6 +38,22 @@ class BatchRow:
     rows_written: int | None
     rows_quarantined: int | None
     offsets: Mapping[str, Mapping[str, int]]
+    quarantined_by_reason: Mapping[str, int] | None = None
+    duration_ms: int | None = None
+
+
+def reasons_total(batches: list[BatchRow]) -> tuple[dict[str, int], int]:
+    """Rows quarantined by reason over `batches` (most first), and how many batches that
+    quarantined rows do not say why (committed by a release that did not record reasons)."""
+    reasons: dict[str, int] = {}
+    unexplained = 0
+    for batch in batches:
+        if batch.quarantined_by_reason is None:
+            unexplained += int(bool(batch.rows_quarantined))
+            continue
+        for reason, count in batch.quarantined_by_reason.items():
+            reasons[reason] = reasons.get(reason, 0) + count
+    return dict(sorted(reasons.items(), key=lambda item: (-item[1], item[0]))), unexplained
 
 
 @dataclass(frozen=True)
@@ -71,15 +90,9 @@ def load_pipelines(files: tuple[str, ...], env: Mapping[str, str]) -> list[Pipel
     return out
 
 
-def table_location(config: PipelineConfig, quarantine: bool = False) -> str | None:
-    """The Delta path of the target (or quarantine); None for a metastore table name."""
-    table = config.quarantine if quarantine else config.target
-    return table.path
-
-
 def read_batches(config: PipelineConfig, limit: int, storage_options: Mapping[str, str] | None = None) -> TableLog:
     """The pipeline's last `limit` commits to its target, newest first."""
-    location = table_location(config)
+    location = config.target.path
     if location is None:
         return TableLog(str(config.target.table), problem="a metastore table: its log is read through Spark only")
     try:
@@ -101,32 +114,15 @@ def _batch(pipeline: str, commit: Mapping[str, Any]) -> BatchRow | None:
         return None
     if not isinstance(meta, dict) or meta.get("pipeline") != pipeline:
         return None
-    counts = meta.get("counts") or {}
-    return BatchRow(int(meta.get("batch_id", -1)), int(commit.get("version", -1)), commit.get("timestamp"),
-                    counts.get("rows"), counts.get("target"), counts.get("quarantine"), meta.get("offsets") or {})
-
-
-def quarantine_reasons(config: PipelineConfig, batch_ids: list[int],
-                       storage_options: Mapping[str, str] | None = None) -> tuple[dict[str, int], str | None]:
-    """Rows quarantined in `batch_ids`, by reason (the decode error, else the failed
-    expectations joined), read from the quarantine table's files for those batches only."""
-    location = table_location(config, quarantine=True)
-    if location is None or not batch_ids:
-        return {}, None
-    try:
-        import pyarrow.compute as pc
-        from deltalake import DeltaTable
-
-        dataset = DeltaTable(location, storage_options=dict(storage_options or {}) or None).to_pyarrow_dataset()
-        rows = dataset.to_table(columns=list(REASON_COLUMNS), filter=pc.field("_batch_id").isin(batch_ids))
-    except Exception as exc:  # noqa: BLE001 (see read_batches)
-        return {}, f"quarantine table {location} unreadable: {_first_line(exc)}"
-    reasons: dict[str, int] = {}
-    for decode_error, failed in zip(rows.column("_decode_error").to_pylist(),
-                                    rows.column("_failed_expectations").to_pylist()):
-        reason = _short(decode_error) if decode_error else " & ".join(failed or ()) or "unknown"
-        reasons[reason] = reasons.get(reason, 0) + 1
-    return dict(sorted(reasons.items(), key=lambda item: -item[1])), None
+    found = meta.get("counts")
+    counts: dict[str, Any] = found if isinstance(found, dict) else {}
+    reasons = counts.get("quarantine_by_reason")
+    committed, started = commit.get("timestamp"), meta.get("started_ms")
+    duration = committed - started if isinstance(committed, int) and isinstance(started, int) else None
+    return BatchRow(int(meta.get("batch_id", -1)), int(commit.get("version", -1)), committed,
+                    counts.get("rows"), counts.get("target"), counts.get("quarantine"), meta.get("offsets") or {},
+                    {str(k): int(v) for k, v in reasons.items()} if isinstance(reasons, dict) else None,
+                    max(0, duration) if duration is not None else None)
 
 
 def source_topics(config: PipelineConfig, namespace_topics: Mapping[str, list[str]]) -> list[str]:
@@ -141,15 +137,6 @@ def source_topics(config: PipelineConfig, namespace_topics: Mapping[str, list[st
         pattern = re.compile(source.topic_pattern)
         return [t for t in names if pattern.fullmatch(t)]
     return []
-
-
-def metrics_endpoint(config: PipelineConfig, configured: Mapping[str, str]) -> str | None:
-    """The console's `pipelines.metrics` entry for the pipeline, else its file's `metrics` section
-    (a pipeline file without one, or a pipelines release without that section, has none)."""
-    if config.name in configured:
-        return configured[config.name]
-    section = getattr(config, "metrics", None)
-    return f"{section.host}:{section.port}" if section is not None else None
 
 
 def _short(text: str, limit: int = 120) -> str:

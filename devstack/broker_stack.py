@@ -66,6 +66,7 @@ class EmbeddedStack:
         self.broker = subprocess.Popen(
             [sys.executable, "-m", "broker", "--config", str(BROKER_CONFIG)],
             cwd=str(REPO_ROOT), env=self._broker_env(), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the demo, which stops this in order
         )
         log.close()
         try:

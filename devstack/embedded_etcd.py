@@ -81,6 +81,9 @@ class EmbeddedEtcd:
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            # a terminal's Ctrl-C reaches the program that started etcd, which stops it after
+            # what still needs it (a pipeline releasing its lock, the demo's console)
+            start_new_session=True,
         )
         try:
             wait_for_port(self.port)

@@ -53,8 +53,9 @@ class EmbeddedSpeedLayer:
         env = {**os.environ, **self.env}
         env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         log = open(self.root / f"{name}.log", "ab")
+        # start_new_session: a terminal's Ctrl-C reaches the demo only, which stops these in order
         process = subprocess.Popen([sys.executable, "-m", "speedlayer", *args], stdout=log,
-                                   stderr=subprocess.STDOUT, env=env, cwd=self.root)
+                                   stderr=subprocess.STDOUT, env=env, cwd=self.root, start_new_session=True)
         self.processes[name] = process
         return process
 

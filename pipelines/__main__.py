@@ -5,8 +5,8 @@ processingTime pipeline (the batch in flight is replayed on the next start: exac
 Before Spark starts, the pipeline file, etcd, storage and the registry subject are checked
 (`pipelines.preflight`): a mistake there is one line on stderr naming the key to fix, with the
 traceback only under `--log-level DEBUG`. With a `metrics:` section the pipeline's Prometheus
-endpoint serves while it runs (`pipelines.metrics_endpoint`). The session is stopped before
-the process exits.
+endpoint serves while it runs (`PipelineRunner` owns it, so every entry point serves it). The
+session is stopped before the process exits.
 Exit codes: 0 done, 1 the query failed, 2 bad configuration (file, options, registry subject),
 3 etcd or storage unreachable or refusing access.
 """
@@ -24,9 +24,6 @@ from pipelines.batch_hooks import NO_HOOKS, BatchHooks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-    from pipelines.config import PipelineConfig
-    from pipelines.metrics_endpoint import MetricsEndpoint
 
 logger = logging.getLogger("pipelines")
 
@@ -69,15 +66,7 @@ def _run(path: str, hooks: BatchHooks) -> int:
     from pipelines.runner import PipelineRunner
 
     config = load_config(path)
-    endpoint = _metrics_endpoint(config)
-    try:
-        runner = PipelineRunner(config, hooks=hooks)
-    except BaseException:
-        if endpoint is not None:
-            endpoint.close()
-        raise
-    if endpoint is not None:
-        endpoint.follow(runner.metrics)
+    runner = PipelineRunner(config, hooks=hooks)  # it serves the `metrics:` endpoint until stopped
 
     def stop(signum: int, _frame: object) -> None:
         logger.info("signal %d: stopping pipeline %s", signum, config.name)
@@ -93,20 +82,8 @@ def _run(path: str, hooks: BatchHooks) -> int:
     finally:
         runner.stop()
         _stop_session(runner.spark)
-        if endpoint is not None:
-            endpoint.close()
     logger.info("pipeline %s finished: %s", config.name, metrics.totals())
     return 0
-
-
-def _metrics_endpoint(config: PipelineConfig) -> MetricsEndpoint | None:
-    """The Prometheus endpoint of the `metrics:` section (None without one), before Spark
-    starts; ConfigError naming the key if its port cannot be bound."""
-    if config.metrics is None:
-        return None
-    from pipelines.metrics_endpoint import MetricsEndpoint
-
-    return MetricsEndpoint(config)
 
 
 def _stop_session(spark: SparkSession) -> None:

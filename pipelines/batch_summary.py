@@ -24,6 +24,8 @@ from pipelines.expectations import BatchQuality, QualityGate
 from pipelines.expressions import ExpressionCache
 from pipelines.metrics import OffsetSpan
 
+DECODE_REASON = "decode"  # the quarantine reason of a payload that did not decode (as the metrics' label)
+
 
 @dataclass(frozen=True)
 class BatchSummary:
@@ -45,6 +47,19 @@ class BatchSummary:
         failed = len(quality.failed_rows) if quality is not None else 0
         return {"valid": self.rows - self.decode_failures - failed, "decode": self.decode_failures,
                 "expectations": failed}
+
+    def quarantine_reasons(self, quality: BatchQuality | None) -> dict[str, int]:
+        """Rows quarantined by reason: `DECODE_REASON` for payloads that did not decode, else the
+        expectations a row failed joined with " & " (its `_failed_expectations`, in order).
+
+        From what the batch already holds (the decode failures observed, great-expectations'
+        failing rows on the driver), so it costs no Spark job; the decode error's own text stays
+        in the quarantine table, since counting by it would take a group-by over the batch."""
+        reasons: dict[str, int] = {DECODE_REASON: self.decode_failures} if self.decode_failures else {}
+        for names in (quality.failed_rows.values() if quality is not None else ()):
+            reason = " & ".join(names) or "expectations"
+            reasons[reason] = reasons.get(reason, 0) + 1
+        return reasons
 
 
 def summarize(decoded: DataFrame, topics: Collection[str] | None = None,

@@ -7,7 +7,10 @@ Every commit the sink makes carries, in its `userMetadata` (`DESCRIBE HISTORY` s
   Spark's `<checkpoint>/metadata` id, so a deleted or replaced checkpoint has another one);
 * `split`: what decided which rows went to the target and which to quarantine
   (`SplitDecision`: the decode settings, the registry schema id and the version used for
-  messages that name none, the expectation suite's rules) and its fingerprint.
+  messages that name none, the expectation suite's rules) and its fingerprint;
+* `counts` (rows in, to the target, to the quarantine, `quarantine_by_reason`) and
+  `started_ms`, for people and the console (`pipelines.delta_sink.commit_metadata`); nothing
+  here reads them.
 
 Two things follow from it.
 

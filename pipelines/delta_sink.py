@@ -24,7 +24,8 @@ Order per batch, and why it gives exactly-once:
 
 Each commit's `userMetadata` names the batch's offset ranges per topic partition and the
 objects they were read from (`DESCRIBE HISTORY` shows where every version came from), the id
-and location of the checkpoint that planned it, the split decision and the offsets skipped.
+and location of the checkpoint that planned it, the split decision, the offsets skipped, the
+rows in, written and quarantined by reason, and when the batch started (`commit_metadata`).
 
 What makes step 2 hold whatever happens between attempts (`pipelines.batch_trail`):
 
@@ -114,6 +115,7 @@ class DeltaBatchWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         timings: dict[str, float] = {}
         started = self.clock()
+        started_ms = int(time.time() * 1000)  # wall clock, as Delta's commit timestamps
         spark = batch.sparkSession
         checkpoint = self._checkpoint(spark, batch_id)
         trails = self._load_trails(spark)
@@ -138,7 +140,8 @@ class DeltaBatchWriter:
             counts = summary.counts(quality)
             mark = self.clock()
             metadata = commit_metadata(self.config.name, batch_id, spans, checkpoint=checkpoint,
-                                       decision=decision, lost=lost, counts=counts)
+                                       decision=decision, lost=lost, counts=counts,
+                                       reasons=summary.quarantine_reasons(quality), started_ms=started_ms)
             written = self._write_tables(marked, counts, quality, batch_id, metadata)
             self.hooks.at("after_quarantine_write")
             self._remember(written, checkpoint, batch_id, decision, spans)
@@ -330,10 +333,17 @@ def _announcer(config: PipelineConfig, metadata: MetadataStore,
 
 def commit_metadata(pipeline: str, batch_id: int, spans: Mapping[str, OffsetSpan], *,
                     checkpoint: CheckpointState | None = None, decision: SplitDecision | None = None,
-                    lost: Mapping[str, int] | None = None, counts: Mapping[str, int] | None = None) -> str:
+                    lost: Mapping[str, int] | None = None, counts: Mapping[str, int] | None = None,
+                    reasons: Mapping[str, int] | None = None, started_ms: int | None = None) -> str:
     """The Delta commit's userMetadata: which offsets and objects this version holds, the
-    checkpoint that planned it, how it was split, what was skipped (`pipelines.batch_trail`)
-    and how many rows went where (`counts`: rows in, to the target, to the quarantine)."""
+    checkpoint that planned it, how it was split, what was skipped (`pipelines.batch_trail`),
+    how many rows went where (`counts`: rows in, to the target, to the quarantine, and
+    `quarantine_by_reason`) and when the batch started (`started_ms`, Unix ms: the commit's
+    own timestamp minus it is the batch's time up to that commit).
+
+    The console's pipeline page reads all of it from the target's log tail alone; fields are
+    only ever added, so a reader takes a commit without them (written by an older release) as
+    "not recorded"."""
     value: dict = {
         "pipeline": pipeline,
         "batch_id": batch_id,
@@ -350,6 +360,10 @@ def commit_metadata(pipeline: str, batch_id: int, spans: Mapping[str, OffsetSpan
     if counts is not None:
         value["counts"] = {"rows": sum(s.rows for s in spans.values()), "target": counts["valid"],
                            "quarantine": counts["decode"] + counts["expectations"]}
+        if reasons is not None:
+            value["counts"]["quarantine_by_reason"] = dict(sorted(reasons.items()))
+    if started_ms is not None:
+        value["started_ms"] = started_ms
     return json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
 
 

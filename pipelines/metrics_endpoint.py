@@ -9,15 +9,23 @@ down, when this endpoint is gone too.
 Labels are bounded: `pipeline` and `subscription` from the file, `reason` (decode,
 expectations) and `phase` (the sink's timing names: decode, expectations, write, cursor,
 announce); never a batch id, an offset or a topic partition.
+
+The speed-layer announcements (`danube_pipeline_announced_total`,
+`danube_pipeline_announce_failures_total`) are read from the followed `PipelineMetrics` at each
+scrape: the sink counts them there, outside the batch report, and a failed announcement is
+harmless to the batch (the master's poll finds the commit), so only a rising failure count says
+the speed layer hears of commits late.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from danube_core.errors import ConfigError
 from pipelines.config import PipelineConfig
@@ -60,6 +68,13 @@ class PipelinePrometheus:
             "Unix time of the last committed batch (the endpoint's start time until the first)",
             ["pipeline", "subscription"], registry=registry).labels(pipeline, subscription)
         self._last_commit.set(clock())
+        self._announcements = AnnouncementCollector(pipeline)
+        registry.register(self._announcements)
+
+    def follow(self, metrics: PipelineMetrics) -> None:
+        """Count every batch `metrics` records from now on, and export its announcement counts."""
+        self._announcements.metrics = metrics
+        metrics.add_listener(self.observe)
 
     def observe(self, report: BatchReport) -> None:
         """Count one committed batch (a `PipelineMetrics` listener)."""
@@ -92,10 +107,31 @@ class MetricsEndpoint:
         logger.info("pipeline %s: Prometheus metrics on http://%s:%d/metrics", config.name, host, port)
 
     def follow(self, metrics: PipelineMetrics) -> None:
-        """Count every batch `metrics` records from now on."""
-        metrics.add_listener(self.exporter.observe)
+        """Count every batch `metrics` records from now on (and its announcements)."""
+        self.exporter.follow(metrics)
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5.0)
+
+
+class AnnouncementCollector(Collector):
+    """The followed run's announcement counts, as counters (0 until a run is followed or for a
+    pipeline without a `speedlayer:` feed): `PipelineMetrics.announced` and
+    `announce_failures` are plain integers the sink increments, read here at each scrape."""
+
+    def __init__(self, pipeline: str) -> None:
+        self.pipeline = pipeline
+        self.metrics: PipelineMetrics | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        followed = self.metrics
+        announced = CounterMetricFamily("danube_pipeline_announced", "Target commits announced to the speed layer",
+                                        labels=["pipeline"])
+        announced.add_metric([self.pipeline], followed.announced if followed is not None else 0)
+        failed = CounterMetricFamily("danube_pipeline_announce_failures", "Announcements to the speed layer that "
+                                     "failed (the master's poll finds those commits later)", labels=["pipeline"])
+        failed.add_metric([self.pipeline], followed.announce_failures if followed is not None else 0)
+        yield announced
+        yield failed

@@ -5,7 +5,8 @@ the tests all go through `PipelineRunner`, so every entry point runs the same co
 that can be checked before the query starts is (the YAML, the source options; before the
 Spark session starts, etcd, storage and the registry subject, `pipelines.preflight`; then the
 expectation suite and the checkpoint against the Delta tables), so a mistake fails in seconds
-with its key named.
+with its key named. With a `metrics:` section the runner serves the pipeline's Prometheus
+endpoint (`pipelines.metrics_endpoint`) from its construction until `stop()`, whoever runs it.
 
 A pipeline whose checkpoint was deleted, moved or replaced while its tables hold batches written
 under the old one does not start: `CheckpointMismatchError` names the table, the txnAppId, the
@@ -18,6 +19,8 @@ import json
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.errors import StreamingQueryException
@@ -38,6 +41,9 @@ from pipelines.expectations import QualityGate
 from pipelines.metrics import PipelineMetrics
 from pipelines.preflight import check_services
 from pipelines.subject_schemas import SubjectSchemas
+
+if TYPE_CHECKING:
+    from pipelines.metrics_endpoint import MetricsEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -127,9 +133,23 @@ class PipelineRunner:
         except ConfigError as exc:
             raise ConfigError(f"{config.file}: source: {exc}") from exc
         # Before the session, which takes tens of seconds to start: a wrong etcd endpoint,
-        # storage URL or subject fails in about a second, naming the key to fix.
+        # storage URL or subject fails in about a second, naming the key to fix; so does a
+        # metrics port in use (`metrics.port`), bound here for whoever runs the pipeline.
         check_services(config, self.options)
         self.metrics = PipelineMetrics()
+        self.endpoint: MetricsEndpoint | None = _metrics_endpoint(config)
+        if self.endpoint is not None:
+            self.endpoint.follow(self.metrics)
+        try:
+            self._start(config, spark, parsed)
+        except BaseException:
+            if self.endpoint is not None:
+                self.endpoint.close()
+            raise
+
+    def _start(self, config: PipelineConfig, spark: SparkSession | None, parsed: opt.DanubeOptions) -> None:
+        """The session, the quality gate, etcd and the decoder: what `__init__` sets up after
+        the checks and the metrics endpoint (which it closes if this fails)."""
         # The session comes before the quality gate: great-expectations' Spark datasource would
         # otherwise create a plain one (without the Delta and Avro packages) that every later
         # getOrCreate reuses.
@@ -210,7 +230,7 @@ class PipelineRunner:
 
     def stop(self) -> None:
         """Stop the query (the current batch finishes or is replayed next time), release its
-        subscription lock (`release_after_stop`) and close etcd."""
+        subscription lock (`release_after_stop`), close etcd and the metrics endpoint."""
         if self.query is not None and self.query.isActive:
             self.query.stop()
         if self._closed:
@@ -225,6 +245,8 @@ class PipelineRunner:
                            lock.key, exc)
         finally:
             self.metadata.close()
+            if self.endpoint is not None:
+                self.endpoint.close()
 
 
 def _subscription_busy(error: str) -> bool:
@@ -239,6 +261,16 @@ def _worth_restarting(error: str) -> bool:
     Python's start-up alone exceeds it on an overloaded machine). The latter is a JVM error
     with no class of ours, so its text is all there is to match."""
     return _subscription_busy(error) or "Python worker failed to connect back" in error
+
+
+def _metrics_endpoint(config: PipelineConfig) -> MetricsEndpoint | None:
+    """The Prometheus endpoint of the file's `metrics:` section, following nothing yet (None
+    without one); ConfigError naming `metrics.port` if it cannot be bound."""
+    if config.metrics is None:
+        return None
+    from pipelines.metrics_endpoint import MetricsEndpoint
+
+    return MetricsEndpoint(config)
 
 
 def _session(config: PipelineConfig) -> SparkSession:

@@ -165,3 +165,109 @@ def test_actions_without_the_token_are_refused_and_nothing_is_sent(platform, mon
         refused = client.post(f"/actions/{action}", data=form)
         assert refused.status_code == 403 and 'data-ok="no"' in refused.text
     assert sent == []
+
+
+# ---- pipelines ------------------------------------------------------------------------------
+
+def pipeline_file(tmp_path, **changes) -> str:
+    """A pipeline reading /default/orders as `orders-delta` into a target under `tmp_path`
+    whose quarantine table does not exist (the pages must not need it), feeding demo/orders."""
+    import yaml
+
+    from tests.unit.test_pipeline_config import with_changes
+
+    data = with_changes(None, target={"path": str(tmp_path / "lake" / "orders")},
+                        quarantine={"path": str(tmp_path / "lake" / "never-written")},
+                        speedlayer={"tenant": "demo", "dataset": "orders"}, **changes)
+    data["source"] = {**data["source"], "subscription": "orders-delta"}
+    path = tmp_path / "orders.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def commit(location: str, meta: dict) -> None:
+    """One commit to the target with the sink's `userMetadata`."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, write_deltalake
+
+    write_deltalake(location, pa.table({"order_id": ["o"]}), mode="append",
+                    commit_properties=CommitProperties(custom_metadata={"userMetadata": json.dumps(meta)}))
+
+
+def test_pipeline_page_reads_counts_reasons_and_durations_from_the_target_log_only(platform, tmp_path, monkeypatch):
+    import time
+
+    import deltalake
+
+    from pipelines.delta_sink import commit_metadata
+    from pipelines.metrics import OffsetSpan
+
+    metadata, store, _ = platform
+    file = pipeline_file(tmp_path)
+    target = str(tmp_path / "lake" / "orders")
+    spans = {"/default/orders-part-0": OffsetSpan(0, 10, 10, ())}
+    # batch 0 as the first release wrote it: counts, no reasons, no start time
+    commit(target, {"pipeline": "orders", "batch_id": 0, "offsets": {"/default/orders-part-0": {"start": 0, "end": 10}},
+                    "counts": {"rows": 10, "target": 8, "quarantine": 2}})
+    started = int(time.time() * 1000) - 1500
+    for batch_id, reasons in ((1, {"decode": 1, "expect_column_values_to_be_between(amount)": 2}),
+                              (2, {"expect_column_values_to_be_between(amount)": 1})):
+        quarantined = sum(reasons.values())
+        commit(target, json.loads(commit_metadata(
+            "orders", batch_id, spans, counts={"valid": 10 - quarantined, "decode": reasons.get("decode", 0),
+                                               "expectations": quarantined - reasons.get("decode", 0)},
+            reasons=reasons, started_ms=started)))
+    history = {json.loads(c["userMetadata"])["batch_id"]: c for c in deltalake.DeltaTable(target).history()}
+
+    opened: list[str] = []
+    real = deltalake.DeltaTable
+    monkeypatch.setattr(deltalake, "DeltaTable", lambda location, *a, **k: opened.append(location) or real(location, *a, **k))
+    page = client_for(metadata, store, pipelines=(file,)).get("/pipelines/orders")
+    assert page.status_code == 200, page.text
+    assert opened == [target]  # one Delta log tail: the quarantine table is never opened
+    assert "unreadable" not in page.text
+
+    assert cell(page.text, "data-batch", "2", "rows-quarantined") == "1"
+    assert cell(page.text, "data-batch", "1", "rows-written") == "7"
+    assert cell(page.text, "data-batch", "1", "duration") == f"{(history[1]['timestamp'] - started) / 1000:.2f} s"
+    assert cell(page.text, "data-batch", "0", "duration") == "—"  # an older commit: not recorded
+    assert cell(page.text, "data-batch", "0", "reasons") == "—"
+    assert cell(page.text, "data-reason", "expect_column_values_to_be_between(amount)", "count") == "3"
+    assert cell(page.text, "data-reason", "decode", "count") == "1"
+    assert 'id="unexplained">1 of these batches' in page.text
+
+
+def test_pipelines_page_sets_cursors_against_heads_and_the_announcement_against_the_epoch(platform, tmp_path):
+    from speedlayer.announce import announce
+    from speedlayer.keys import SpeedLayerKeys
+    from speedlayer.records import AssignmentRecord
+
+    metadata, store, _ = platform
+    client = client_for(metadata, store, pipelines=(pipeline_file(tmp_path),))
+    page = client.get("/pipelines")
+    assert page.status_code == 200
+    section = re.search(r'<section class="pipeline" data-pipeline="orders">(.*?)</section>', page.text, re.S).group(1)
+    assert cell(section, "data-partition", "/default/orders-part-0", "cursor") == "15"
+    assert cell(section, "data-partition", "/default/orders-part-0", "head") == "19"  # 20 uploaded, 5 in the WAL
+    assert cell(section, "data-partition", "/default/orders-part-0", "behind") == "4"
+    assert cell(section, "data-partition", "/default/orders-part-1", "cursor") == "—"  # not this subscription's
+    assert "nothing announced yet" in section
+
+    announce(metadata, "demo", "orders", str(tmp_path / "lake" / "orders"), version=7, writer="orders",
+             committed_ms=1_700_000_000_000)
+    keys = SpeedLayerKeys()
+    metadata.put(keys.assignment("demo", "orders", "e1"), AssignmentRecord(
+        "demo", "orders", "e1", "r1", "READY", version=6, created_ms=1).to_json())
+    from tests.rig import eventually
+
+    def shown() -> str | None:
+        text = client.get("/pipelines").text
+        return text if 'data-field="announced-version">7<' in text else None
+
+    text = eventually(shown)
+    assert re.search(r'data-field="epoch-version">6<', text) and 'data-field="epoch-status">READY<' in text
+    assert 'data-field="announcement-pending">not planned yet<' in text
+    metadata.put(keys.assignment("demo", "orders", "e2"), AssignmentRecord(
+        "demo", "orders", "e2", "r2", "ASSIGNED", version=7, created_ms=2).to_json())
+    detail = eventually(lambda: (t := client.get("/pipelines/orders").text) and 'epoch-version">7<' in t and t)
+    assert "announcement-pending" not in detail and 'data-field="announced-version">7<' in detail

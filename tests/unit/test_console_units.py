@@ -38,6 +38,11 @@ def test_config_refuses_actions_without_a_token_and_unknown_keys(tmp_path):
     file.write_text("etcd: {endpoint: x}\n")
     with pytest.raises(ConfigError, match="etcd.endpoint: unknown key"):
         load_console_config(str(file), environ={})
+    for text, key in (("listen: {prot: 1}", "listen.prot"), ("pipelines: {metrics: {}}", "pipelines.metrics"),
+                      ("speedlayer: {master: [a]}", "speedlayer.master"), ("browser: {page: 3}", "browser.page")):
+        file.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=rf"{key}: unknown key; accepted: "):
+            load_console_config(str(file), environ={})
 
 
 def test_metrics_url_and_histogram_quantile():

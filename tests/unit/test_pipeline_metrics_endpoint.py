@@ -105,3 +105,22 @@ def test_a_failing_listener_does_not_fail_the_committed_batch(caplog):
     metrics.record(report(3, rows=1, valid=1, decode=0, expectations=0))
     assert heard == [3] and metrics.totals()["batches"] == 1
     assert "failed on batch 3" in caplog.text
+
+
+def test_announcements_to_the_speed_layer_are_exported_as_counters():
+    exporter = PipelinePrometheus("orders", "orders-sub")
+    value = exporter.registry.get_sample_value
+    pipeline = {"pipeline": "orders"}
+    assert value("danube_pipeline_announced_total", pipeline) == 0.0  # before a run is followed
+    assert value("danube_pipeline_announce_failures_total", pipeline) == 0.0
+
+    metrics = PipelineMetrics()
+    exporter.follow(metrics)
+    metrics.announced += 3  # as the sink counts them, outside the batch report
+    metrics.announce_failures += 1
+    metrics.record(report(0, rows=5, valid=5, decode=0, expectations=0))
+    assert value("danube_pipeline_announced_total", pipeline) == 3.0
+    assert value("danube_pipeline_announce_failures_total", pipeline) == 1.0
+    assert value("danube_pipeline_batches_total", pipeline) == 1.0
+    families = {f.name: f.type for f in exporter.registry.collect()}
+    assert families["danube_pipeline_announced"] == families["danube_pipeline_announce_failures"] == "counter"
