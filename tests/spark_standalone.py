@@ -17,10 +17,19 @@ from pathlib import Path
 
 import pyspark
 
+from bench.fault_kit import SHORT_RUN_JVM_OPTIONS
 from devstack.ports import free_port, wait_for_port
 from tests.rig import eventually
 
 SPARK_HOME = Path(pyspark.__file__).parent
+
+
+def short_run_java_options() -> str:
+    """JVM options for the cluster's daemons and executors: a test's cluster lives for a
+    minute, so the C1 compiler alone and the serial GC (`SHORT_RUN_JVM_OPTIONS`), and the
+    options the suite gives every driver in `SPARK_SUBMIT_OPTS` (its class-data archive,
+    `tests/jvm_class_archive.py`), which spark-submit passes to drivers only."""
+    return f"{SHORT_RUN_JVM_OPTIONS} {os.environ.get('SPARK_SUBMIT_OPTS', '')}".strip()
 
 
 class SparkStandaloneCluster:
@@ -35,7 +44,7 @@ class SparkStandaloneCluster:
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
                     "SPARK_DAEMON_MEMORY": daemon_memory, "SPARK_LOG_DIR": str(root / "logs"),
-                    "SPARK_NO_DAEMONIZE": "1"}
+                    "SPARK_NO_DAEMONIZE": "1", "SPARK_DAEMON_JAVA_OPTS": short_run_java_options()}
         self.env.pop("PYTHONPATH", None)  # executors must get the code from what is shipped
         self.processes: list[subprocess.Popen] = []
 

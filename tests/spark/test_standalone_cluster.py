@@ -41,7 +41,8 @@ from tests.integration.broker_process import BrokerProcess, run_admin
 from tests.integration.test_spark_submit import delta_records
 from tests.pipeline_files import orders_pipeline_file
 from tests.rig import eventually
-from tests.spark_standalone import SparkStandaloneCluster
+from bench.fault_kit import SHORT_RUN_JVM_OPTIONS
+from tests.spark_standalone import SparkStandaloneCluster, short_run_java_options
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -112,6 +113,8 @@ def test_pipeline_runs_on_a_standalone_cluster(etcd_endpoint, moto_s3, s3_bucket
                  "--conf", "spark.ui.enabled=false", "--conf", "spark.executor.cores=1",
                  "--conf", "spark.executor.memory=512m", "--conf", "spark.cores.max=2",
                  "--conf", "spark.sql.shuffle.partitions=2",
+                 "--conf", f"spark.executor.extraJavaOptions={short_run_java_options()}",
+                 "--conf", f"spark.driver.extraJavaOptions={SHORT_RUN_JVM_OPTIONS}",
                  # after the shipped archive: the guard that refuses etcd and unshipped code
                  "--conf", f"spark.executorEnv.PYTHONPATH=danube_spark:{GUARD}"],
                 cwd=str(tmp_path), capture_output=True, text=True, timeout=800,
