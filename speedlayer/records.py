@@ -102,11 +102,22 @@ class AssignmentRecord:
     created_ms: int = 0
     ready_ms: int = 0        # when a first replica became READY (0: never)
     base_epoch: str = ""     # an incremental epoch: the epoch it adds files to
-    kind: str = "full"       # full (admitted or rebuilt) or incremental
+    kind: str = "full"       # full (admitted or rebuilt), incremental, or shard
     load_failures: dict[str, str] = field(default_factory=dict)
+    # A sharded epoch (too big for one worker) has no replicas of its own: `shards` names its
+    # shard records (epoch ids `{epoch}.s{i}`), each placed, replicated and loaded like an epoch,
+    # and `ready_shards` counts those with a READY replica (the leader keeps it current); it is
+    # queryable only when every shard is. A shard record names its epoch in `shard_of` and the
+    # partition values its files hold in `shard_values` (column -> sorted values, "" for null;
+    # empty for an unpartitioned table), which the gateway prunes shards by.
+    shards: tuple[str, ...] = ()
+    ready_shards: int = 0
+    shard_of: str = ""
+    shard_values: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         value = asdict(self)
+        value["shards"] = list(self.shards)
         return dump(value)
 
     @classmethod
@@ -115,7 +126,9 @@ class AssignmentRecord:
         try:
             replicas = {w: ReplicaRecord(**_pick(ReplicaRecord, r)) for w, r in value.get("replicas", {}).items()}
             failures = {str(w): str(why) for w, why in value.get("load_failures", {}).items()}
-            return cls(**{**_pick(cls, value), "replicas": replicas, "load_failures": failures})
+            shard_values = {str(c): [str(v) for v in vs] for c, vs in value.get("shard_values", {}).items()}
+            return cls(**{**_pick(cls, value), "replicas": replicas, "load_failures": failures,
+                          "shards": tuple(str(s) for s in value.get("shards", ())), "shard_values": shard_values})
         except TypeError as exc:
             raise MetadataError(f"{key}: not an assignment record: {exc}") from exc
 
@@ -144,6 +157,11 @@ class AssignmentRecord:
         """Newer epochs of a dataset sort after older ones: by source version, then creation."""
         return (self.version, self.created_ms, self.epoch)
 
+    @property
+    def sharded(self) -> bool:
+        """An epoch served through shards (it holds no replicas itself)."""
+        return bool(self.shards)
+
     def settled(self) -> bool:
         """Every staying replica finished loading (READY or FAILED): nothing of it is in flight."""
         staying = [r for r in self.replicas.values() if not r.leaving]
@@ -159,6 +177,9 @@ class TenantConfig:
     source_roots: tuple[str, ...] = ()
     replication_factor: int = 0  # 0: the global default
     epoch_ttl_s: float = 0.0     # 0: the global default_ttl_sec
+    # An epoch estimated above this is split into shards of at most about this much each.
+    # 0: derived from the tenant's workers (`master.sharding.shard_limit`).
+    shard_max_bytes: int = 0
 
     def to_json(self) -> bytes:
         return dump({**asdict(self), "source_roots": list(self.source_roots)})
@@ -173,7 +194,8 @@ class TenantConfig:
             return cls(memory_quota_bytes=int(quota or 0),
                        source_roots=tuple(str(r) for r in value.get("source_roots", ())),
                        replication_factor=int(value.get("replication_factor", 0)),
-                       epoch_ttl_s=float(value.get("epoch_ttl_s", 0.0)))
+                       epoch_ttl_s=float(value.get("epoch_ttl_s", 0.0)),
+                       shard_max_bytes=int(value.get("shard_max_bytes", 0)))
         except (TypeError, ValueError) as exc:
             raise MetadataError(f"{key}: not a tenant config: {exc}") from exc
 

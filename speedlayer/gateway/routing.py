@@ -23,6 +23,11 @@ when some other tenant has it, as not admitted (`NotFoundError`) otherwise; a te
 layer has nothing of (no assignment, worker or `/tenants/{t}/` key: a typo, most likely) is
 refused as unknown (`UnknownTenantError`) first, without naming the tenants there are.
 
+A sharded epoch (`AssignmentRecord.shards`) is chosen like any epoch once every shard has a
+servable replica; its route then lists each shard (`ShardRoute`: shard epoch, partition values,
+replicas in the client's order), and the gateway asks one replica of each (`scatter`). A shard's
+own record is never a route of its own.
+
 Choosing the epoch and ordering replicas are pure functions, tested without etcd.
 """
 
@@ -57,14 +62,30 @@ class ReplicaEndpoint:
 
 
 @dataclass(frozen=True)
+class ShardRoute:
+    """One shard of a sharded epoch: its epoch id on the workers, the partition values its
+    files hold (column -> values), and its READY replicas in the order to try."""
+
+    epoch: str
+    values: dict[str, list[str]]
+    replicas: tuple[ReplicaEndpoint, ...]
+
+
+@dataclass(frozen=True)
 class Route:
-    """Where one query goes: an epoch and its reachable READY replicas, in the order to try."""
+    """Where one query goes: an epoch and its reachable READY replicas, in the order to try;
+    for a sharded epoch, no replicas of its own but each shard's (`shards`)."""
 
     tenant: str
     dataset: str
     epoch: str
     version: int
     replicas: tuple[ReplicaEndpoint, ...]
+    shards: tuple[ShardRoute, ...] = ()
+
+    def one_shard(self, shard: ShardRoute) -> "Route":
+        """The route of one shard, as the gateway forwards (and retries) a query on it."""
+        return Route(self.tenant, self.dataset, shard.epoch, self.version, shard.replicas)
 
 
 def servable(record: AssignmentRecord, addresses: dict[str, str]) -> list[ReplicaEndpoint]:
@@ -75,15 +96,32 @@ def servable(record: AssignmentRecord, addresses: dict[str, str]) -> list[Replic
             if r.state == R_READY and addresses.get(w)]
 
 
+def shard_replicas(record: AssignmentRecord, records: list[AssignmentRecord],
+                   addresses: dict[str, str]) -> list[tuple[AssignmentRecord, list[ReplicaEndpoint]]] | None:
+    """A sharded epoch's shards with their servable replicas, in shard order; None unless every
+    shard has one (an epoch is served whole or not at all)."""
+    by_id = {r.epoch: r for r in records if r.shard_of == record.epoch}
+    found = [(by_id[s], servable(by_id[s], addresses)) for s in record.shards if s in by_id]
+    if record.status == FAILED or len(found) < len(record.shards) or not all(replicas for _, replicas in found):
+        return None
+    return found
+
+
 def choose_epoch(records: list[AssignmentRecord], addresses: dict[str, str],
                  epoch: str | None = None) -> tuple[AssignmentRecord, list[ReplicaEndpoint]] | None:
-    """The named epoch, or the newest one with a servable replica; None if there is none."""
+    """The named epoch, or the newest one with a servable replica (a sharded one: every shard
+    with one, and its replicas are its shards', see `shard_replicas`); None if there is none."""
+    epochs = [r for r in records if not r.shard_of]
     if epoch:
-        for record in records:
+        for record in epochs:
             if record.epoch == epoch:
                 return record, servable(record, addresses)
         return None
-    for record in sorted(records, key=lambda r: (r.version, r.epoch), reverse=True):
+    for record in sorted(epochs, key=lambda r: (r.version, r.epoch), reverse=True):
+        if record.sharded:
+            if shard_replicas(record, records, addresses) is not None:
+                return record, []
+            continue
         replicas = servable(record, addresses)
         if replicas:
             return record, replicas
@@ -206,12 +244,24 @@ class RoutingTable:
             raise ReplicaUnavailableError(f"dataset {dataset!r} of tenant {tenant!r} has no READY replica yet "
                                           f"(epochs: {states})")
         record, replicas = chosen
+        live = self.live_workers(tenant)
+        suspects = self._current_suspects()
+
+        def ordered(endpoints: list[ReplicaEndpoint]) -> tuple[ReplicaEndpoint, ...]:
+            avoid = suspects | frozenset(r.worker for r in endpoints if r.worker not in live)
+            return tuple(order_replicas(endpoints, client_id, avoid))
+
+        if record.sharded:
+            shards = shard_replicas(record, records, addresses)
+            if shards is None:
+                raise ReplicaUnavailableError(f"dataset {dataset!r} epoch {record.epoch} is sharded and not every "
+                                              f"shard has a READY replica ({record.ready_shards} of "
+                                              f"{len(record.shards)} shards READY)")
+            return Route(tenant, dataset, record.epoch, record.version, (),
+                         tuple(ShardRoute(s.epoch, s.shard_values, ordered(r)) for s, r in shards))
         if not replicas:
             raise ReplicaUnavailableError(f"dataset {dataset!r} epoch {record.epoch} has no READY replica")
-        live = self.live_workers(tenant)
-        avoid = self._current_suspects() | frozenset(r.worker for r in replicas if r.worker not in live)
-        ordered = order_replicas(replicas, client_id, avoid)
-        return Route(tenant, dataset, record.epoch, record.version, tuple(ordered))
+        return Route(tenant, dataset, record.epoch, record.version, ordered(replicas))
 
     def known_tenant(self, tenant: str) -> bool:
         """The speed layer has something of `tenant`: an epoch, a worker (live, or seen by this

@@ -9,6 +9,8 @@ replica is tried within the query's deadline. To make that possible for the comm
 first `retry_buffer_bytes` of an answer are read before anything is sent on; a longer answer
 then streams through and cannot be retried once it has started. Errors that would be the same
 on any replica (bad SQL, limits, deadline, another tenant's dataset) are returned at once.
+A sharded epoch's query goes to one replica of each shard that may hold matching rows, each
+retried like this, and the partial answers are merged here (`scatter`).
 
 The same service speaks Arrow Flight SQL (`speedlayer.gateway.flight_sql`): a ticket that is
 not the native JSON, every `GetFlightInfo`, `GetSchema`, `DoPut` and `DoAction`, and the
@@ -36,6 +38,7 @@ from speedlayer.errors import (
 from speedlayer.gateway.flight_sql.auth import AUTH_MIDDLEWARE, AcceptingAuthHandler, BasicAuthMiddlewareFactory
 from speedlayer.gateway.flight_sql.service import FlightSqlService
 from speedlayer.gateway.routing import ReplicaEndpoint, Route, RoutingTable
+from speedlayer.gateway.scatter import ShardScatter
 from speedlayer.keys import valid_id
 from speedlayer.observability.metrics import GATEWAY_QUERIES, GATEWAY_QUERY_SECONDS, GATEWAY_RETRIES
 from speedlayer.protocol.query import (
@@ -60,10 +63,12 @@ class GatewayFlightServer(flight.FlightServerBase):
         self.limits = QueryLimits(config.max_result_rows, config.max_result_bytes, config.query_timeout_ms)
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
+        self.scatter = ShardScatter(self._forward)
 
     def shutdown(self) -> None:
         super().shutdown()
         self.flight_sql.close()
+        self.scatter.close()
         with self._lock:
             for client in self._clients.values():
                 client.close()
@@ -130,6 +135,10 @@ class GatewayFlightServer(flight.FlightServerBase):
         deadline = time.monotonic() + limits.timeout_ms / 1000
         pinned = (epoch, *joined_epochs, *(None,) * (len(joined) - len(joined_epochs)))
         routes = [self.routing.route(tenant, name, client_id, at or None) for name, at in zip((dataset, *joined), pinned)]
+        for sharded in (r for r in routes if r.shards):
+            raise InvalidQueryError(f"a join cannot be answered on dataset {sharded.dataset!r}: its epoch "
+                                    f"{sharded.epoch} is split into {len(sharded.shards)} shards (joins across "
+                                    "shards are not combined at the gateway)")
         route = colocated(routes)
         request = dataclasses.replace(request, joined=tuple((r.dataset, r.epoch) for r in routes[1:]))
         return self._forward(route, request, limits, deadline)
@@ -148,6 +157,9 @@ class GatewayFlightServer(flight.FlightServerBase):
         limits = self.limits.effective(request)
         deadline = time.monotonic() + limits.timeout_ms / 1000
         route = self.routing.route(tenant, request.dataset, client_id, request.epoch or None)
+        if route.shards:
+            merged = self.scatter.run(route, request, limits, deadline)
+            return merged.schema, merged.to_batches()
         return self._forward(route, request, limits, deadline)
 
     def _forward(self, route: Route, request: QueryRequest, limits: QueryLimits,

@@ -8,6 +8,11 @@ remembered under `/requests/{tenant}/{request_id}`: a retry with it returns that
 if the table moved on. A record left PENDING or PLANNED by a leader that died is resumed.
 The same table version admitted again with an explicit `replication` changes that epoch's
 (`master.replication`): the way out of "1 of 2 replicas placed" with one worker.
+
+An epoch estimated above what one worker should hold is sharded (`master.sharding`): its shard
+records and their plans (each a subset of the files) are written before the epoch's own record,
+which then names them; each shard is assigned like an epoch, and the reconciler keeps the epoch's
+status rolled up from its shards (`master.sharded_epochs`). A sharded epoch is never incremental.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from speedlayer.errors import (
     InvalidRequestError, NotFoundError, TenantIsolationError, UnsupportedSourceError,
 )
 from speedlayer.keys import valid_id
+from speedlayer.master.placement import select_evenly
 from speedlayer.master.quotas import check_quotas, footprint
 from speedlayer.master.replication import shortfall, with_replication
+from speedlayer.master.sharded_epochs import rolled_up, shard_id, shard_note
+from speedlayer.master.sharding import ShardPlan, plan_shards, shard_limit, source_files, with_files
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary, eligible
 from speedlayer.observability.audit import AuditEvent, AuditLogger
@@ -166,7 +174,8 @@ class AdmissionController:
         existing = self._state.record(tenant, dataset, epoch)
         if existing is not None and existing.status != EVICTED:
             return existing
-        incremental = base is not None and change is not None and change.incremental
+        incremental = (base is not None and change is not None and change.incremental and not base.sharded
+                       and not self._shard_plans(tenant, dataset, epoch, resolved))
         base_epoch = base.epoch if incremental else ""
         request_id = _digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:20]
         record = self._create(tenant, dataset, resolved, epoch, request_id,
@@ -220,9 +229,14 @@ class AdmissionController:
             estimated_memory_bytes=estimate, replication=replication,
             base_epoch=base.epoch if base is not None else "", kind="incremental" if base is not None else "full",
         )
+        shards = self._shard_plans(tenant, dataset, epoch, resolved) if base is None else []
+        if shards:
+            record = replace(record, shards=tuple(shard_id(epoch, i) for i in range(len(shards))))
         records, _, _, _ = self._state.snapshot()
         by_epoch = {(r.tenant, r.dataset, r.epoch): r for r in records}
         check_quotas(records, tenant, tenant_config, global_config, footprint(record, base))
+        for index, shard in enumerate(shards):  # before the epoch names them: never a dangling shard id
+            self._create_shard(record, index, shard, resolved, by_epoch)
         if (tenant, dataset, epoch) in by_epoch and by_epoch[(tenant, dataset, epoch)].status == EVICTED:
             created = self._state.update_record(tenant, dataset, epoch, lambda r: record)  # admitted again
         else:
@@ -230,8 +244,31 @@ class AdmissionController:
         if created.status == PENDING and created.request_id == request_id:
             self._audit_status(created, {"request_id": request_id, "files": resolved.file_count,
                                          "estimated_bytes": estimate, "kind": record.kind,
-                                         "base_epoch": record.base_epoch, **(audit_detail or {})})
+                                         "base_epoch": record.base_epoch, "shards": list(record.shards),
+                                         **(audit_detail or {})})
         return created
+
+    def _shard_plans(self, tenant: str, dataset: str, epoch: str, resolved: ResolvedTable) -> list[ShardPlan]:
+        """The shards of a full epoch of `resolved` ([]: it fits one worker); PreconditionError
+        when it would need more shards than the tenant has workers."""
+        estimate = int(resolved.total_bytes * self._config.global_config.memory_expansion_factor)
+        workers = self._candidates(tenant)
+        limit = shard_limit(self._config.tenant(tenant).shard_max_bytes, [c.memory_bytes for c in workers])
+        return plan_shards(source_files(resolved.source), resolved.partition_columns, estimate, limit,
+                           len(workers), f"epoch {epoch} of {tenant}/{dataset}")
+
+    def _create_shard(self, epoch: AssignmentRecord, index: int, shard: ShardPlan, resolved: ResolvedTable,
+                      by_epoch: dict[tuple[str, str, str], AssignmentRecord]) -> None:
+        """Shard `index` of `epoch`: its plan, then its record (PENDING), placed like an epoch's."""
+        record = replace(epoch, epoch=shard_id(epoch.epoch, index), total_rows=shard.rows,
+                         file_count=len(shard.files), estimated_memory_bytes=shard.estimated_bytes, kind="shard",
+                         shards=(), shard_of=epoch.epoch, shard_values=shard.values)
+        self._state.put_plan(self._load_plan(record, resolved, with_files(resolved.source, shard.files)))
+        existing = by_epoch.get((record.tenant, record.dataset, record.epoch))
+        if existing is not None and existing.status == EVICTED:
+            self._state.update_record(record.tenant, record.dataset, record.epoch, lambda r: record)
+        else:
+            self._state.create_record(record)
 
     def _continue(self, record: AssignmentRecord, resolved: ResolvedTable | None) -> mg.AdmitDatasetResponse:
         """Drive `record` on from wherever it stands (a retry may find it half done)."""
@@ -245,20 +282,28 @@ class AdmissionController:
         return mg.AdmitDatasetResponse(epoch_id=record.epoch, message=record.message, status=record.status,
                                        request_id=record.request_id)
 
-    def _plan(self, record: AssignmentRecord, resolved: ResolvedTable, source: cp.DataSource | None = None,
-              base_epoch: str = "") -> AssignmentRecord:
-        plan = cp.LoadPlan(
-            plan_id=f"{record.tenant}/{record.dataset}/{record.epoch}", source=source or resolved.source,
+    @staticmethod
+    def _load_plan(record: AssignmentRecord, resolved: ResolvedTable, source: cp.DataSource,
+                   base_epoch: str = "") -> cp.LoadPlan:
+        return cp.LoadPlan(
+            plan_id=f"{record.tenant}/{record.dataset}/{record.epoch}", source=source,
             base_epoch_id=base_epoch, version=resolved.version,
             destination_table_name=f"{record.dataset}__{record.epoch}".replace("-", "_").replace(".", "_"),
             arrow_schema=resolved.arrow_schema, tenant_id=record.tenant, dataset_id=record.dataset,
             epoch_id=record.epoch, estimated_memory_bytes=record.estimated_memory_bytes,
-            total_rows=resolved.total_rows, partition_columns=resolved.partition_columns,
+            total_rows=record.total_rows, partition_columns=resolved.partition_columns,
         )
-        self._state.put_plan(plan)
-        updated = self._state.update_record(record.tenant, record.dataset, record.epoch,
-                                            lambda r: replace(r, status=PLANNED) if r.status == PENDING else None)
-        self._audit_status(updated, {"plan_id": plan.plan_id})
+
+    def _plan(self, record: AssignmentRecord, resolved: ResolvedTable, source: cp.DataSource | None = None,
+              base_epoch: str = "") -> AssignmentRecord:
+        to_plan = [r for r in map(lambda s: self._state.record(record.tenant, record.dataset, s), record.shards)
+                   if r is not None]  # a sharded epoch's plans are its shards', written with their records
+        if not record.sharded:
+            self._state.put_plan(self._load_plan(record, resolved, source or resolved.source, base_epoch))
+        for target in [*to_plan, record]:
+            updated = self._state.update_record(target.tenant, target.dataset, target.epoch,
+                                                lambda r: replace(r, status=PLANNED) if r.status == PENDING else None)
+            self._audit_status(updated, {"plan_id": f"{target.tenant}/{target.dataset}/{target.epoch}"})
         pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
         if pause > 0:
             logger.warning("fault injection: pausing %.1fs after PLANNED", pause)
@@ -266,6 +311,8 @@ class AdmissionController:
         return updated
 
     def _assign(self, record: AssignmentRecord, preferred: tuple[str, ...] = ()) -> AssignmentRecord:
+        if record.sharded:
+            return self._assign_shards(record)
         base = self._state.record(record.tenant, record.dataset, record.base_epoch) if record.base_epoch else None
         share = footprint(record, base) // max(1, record.replication)  # an increment needs room for what it adds
         summary = PlanSummary(record.tenant, record.dataset, record.epoch, share)
@@ -273,21 +320,54 @@ class AdmissionController:
         usable = {c.worker_id for c in eligible(summary, candidates)}
         chosen = [w for w in preferred if w in usable][:record.replication]
         if len(chosen) < record.replication:
-            chosen += self._strategy().select(summary, candidates, record.replication - len(chosen),
-                                              exclude=set(chosen))
+            chosen += select_evenly(self._strategy(), summary, candidates, record.replication - len(chosen),
+                                    exclude=set(chosen))
 
         def assign(current: AssignmentRecord) -> AssignmentRecord | None:
             if current.status != PLANNED:
                 return None
             placed = (replace(current, status=ASSIGNED, replicas={w: ReplicaRecord() for w in chosen})
                       if chosen else current)
-            return replace(placed, message=shortfall(placed, len(candidates)))
+            free = {c.worker_id: c.free_bytes for c in candidates if c.memory_bytes > 0 and not c.draining}
+            return replace(placed, message=shortfall(placed, len(candidates), free))
 
         updated = self._state.update_record(record.tenant, record.dataset, record.epoch, assign)
         if updated.status == ASSIGNED:
             self._audit_status(updated, {"workers": sorted(updated.replicas)})
             self._placed()
         return updated
+
+    def _assign_shards(self, record: AssignmentRecord) -> AssignmentRecord:
+        """Each shard on `replication` workers with room for it, the memory of the shards placed
+        so far counted, so that they spread; a shard without room stays PLANNED for the
+        reconciler, and `status` says what it needs against what is free."""
+        candidates = self._candidates(record.tenant)
+        shards: dict[str, AssignmentRecord] = {}
+        for shard_epoch in record.shards:
+            shard = self._state.record(record.tenant, record.dataset, shard_epoch)
+            if shard is None:
+                continue
+            if shard.status == PLANNED:
+                summary = PlanSummary(shard.tenant, shard.dataset, shard.epoch, shard.estimated_memory_bytes)
+                chosen = self._strategy().select(summary, candidates, shard.replication)
+                candidates = [replace(c, assigned_bytes=c.assigned_bytes + shard.estimated_memory_bytes,
+                                      epoch_count=c.epoch_count + 1) if c.worker_id in chosen else c
+                              for c in candidates]
+                shard = self._state.update_record(
+                    shard.tenant, shard.dataset, shard.epoch,
+                    lambda r, w=chosen: replace(r, status=ASSIGNED, replicas={x: ReplicaRecord() for x in w})
+                    if r.status == PLANNED and w else None) or shard
+                if shard.status == ASSIGNED:
+                    self._audit_status(shard, {"workers": sorted(shard.replicas), "shard_of": record.epoch})
+            shards[shard_epoch] = shard
+        updated = self._state.update_record(record.tenant, record.dataset, record.epoch,
+                                            lambda r: rolled_up(r, shards, int(time.time() * 1000))) or record
+        if updated.status == ASSIGNED:
+            self._audit_status(updated, {"shards": {s: sorted(r.replicas) for s, r in shards.items()}})
+        self._placed()
+        free = {c.worker_id: c.free_bytes for c in candidates if c.memory_bytes > 0 and not c.draining}
+        notes = {s: shortfall(r, len(candidates), free) for s, r in shards.items()}
+        return replace(updated, message=shard_note(updated, list(shards.values()), notes))
 
     def fail(self, record: AssignmentRecord, why: str) -> None:
         updated = self._state.update_record(record.tenant, record.dataset, record.epoch,

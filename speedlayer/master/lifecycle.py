@@ -3,7 +3,8 @@
 Pure: assignment records and the time in, evictions out; the reconciler applies them. Per
 dataset the *served* epoch is the newest one with a READY replica (what queries see); epochs
 older than it are *superseded*, epochs newer are in flight. Only superseded epochs are ever
-evicted, so a dataset's served epoch never is:
+evicted, so a dataset's served epoch never is. A sharded epoch is one epoch here: READY when every
+shard is (`ready_shards`), and its shards go where it goes:
 
 * TTL: a superseded epoch goes `ttl` seconds after it was superseded (the first newer epoch
   became READY; an epoch admitted explicitly keeps at least `ttl` from its admission);
@@ -31,15 +32,17 @@ class Eviction:
 
 
 def by_dataset(records: Iterable[AssignmentRecord]) -> dict[tuple[str, str], list[AssignmentRecord]]:
-    """Live records per (tenant, dataset), oldest first."""
+    """Live records per (tenant, dataset), oldest first; a sharded epoch's shards are not epochs."""
     grouped: dict[tuple[str, str], list[AssignmentRecord]] = defaultdict(list)
     for record in records:
-        if record.live:
+        if record.live and not record.shard_of:
             grouped[(record.tenant, record.dataset)].append(record)
     return {k: sorted(v, key=lambda r: r.order) for k, v in grouped.items()}
 
 
 def has_ready(record: AssignmentRecord) -> bool:
+    if record.sharded:
+        return record.ready_shards >= len(record.shards)
     return any(r.state == R_READY for r in record.replicas.values())
 
 
@@ -65,9 +68,11 @@ def superseded(dataset_records: list[AssignmentRecord]) -> dict[str, int]:
 
 
 def superseded_keys(records: list[AssignmentRecord]) -> set[tuple[str, str, str]]:
-    """(tenant, dataset, epoch) of every superseded epoch."""
-    return {(tenant, dataset, epoch) for (tenant, dataset), group in by_dataset(records).items()
-            for epoch in superseded(group)}
+    """(tenant, dataset, epoch) of every superseded epoch, and of the shards of superseded ones."""
+    found = {(tenant, dataset, epoch) for (tenant, dataset), group in by_dataset(records).items()
+             for epoch in superseded(group)}
+    return found | {(r.tenant, r.dataset, r.epoch) for r in records
+                    if r.shard_of and (r.tenant, r.dataset, r.shard_of) in found}
 
 
 def evictions(records: list[AssignmentRecord], now_ms: int, ttl_s: Callable[[str], float],

@@ -10,6 +10,7 @@ status for a tenant the speed layer has nothing of says so (not "no dataset").
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Callable
 
 import grpc
@@ -25,7 +26,9 @@ from speedlayer.master.admission import AdmissionController
 from speedlayer.master.leader_gate import abort, abort_with
 from speedlayer.master.lifecycle import superseded_keys
 from speedlayer.master.quotas import tenant_usage
+from speedlayer.master.reconciler import candidates_of
 from speedlayer.master.replication import shortfall
+from speedlayer.master.sharded_epochs import shard_note
 from speedlayer.records import R_FAILED, AssignmentRecord, TenantConfig, WorkerRecord
 
 logger = logging.getLogger(__name__)
@@ -67,7 +70,7 @@ class ManagementServicer(mg_grpc.ManagementServiceServicer):
         _check_id("tenant_id", request.tenant_id)
         _check_id("dataset_id", request.dataset_id)
         tenant = request.tenant_id
-        records = self._records(self._keys.dataset_assignments_prefix(tenant, request.dataset_id))
+        records = every = self._records(self._keys.dataset_assignments_prefix(tenant, request.dataset_id))
         old = superseded_keys(records)  # not refilled: they wait for their eviction
         if request.epoch_id:
             records = [r for r in records if r.epoch == request.epoch_id]
@@ -76,10 +79,22 @@ class ManagementServicer(mg_grpc.ManagementServiceServicer):
                 raise unknown_tenant(tenant, "--tenant (`admin workers` lists every tenant's workers)")
             what = f"epoch {request.epoch_id} of " if request.epoch_id else ""
             raise NotFoundError(f"no {what}dataset {request.dataset_id} for tenant {tenant}")
-        workers = len(self._metadata.get_prefix(self._keys.tenant_workers_prefix(tenant), keys_only=True))
+        workers, free = self._free_memory(tenant)
+        notes = {r.epoch: "" if (r.tenant, r.dataset, r.epoch) in old else shortfall(r, workers, free)
+                 for r in every}
         return mg.DatasetStatusResponse(epochs=[
-            _epoch_status(r, "" if (r.tenant, r.dataset, r.epoch) in old else shortfall(r, workers))
-            for r in records])
+            _epoch_status(r, shard_note(r, every, notes) if r.sharded else notes[r.epoch]) for r in records])
+
+    def _free_memory(self, tenant: str) -> tuple[int, dict[str, int]]:
+        """The tenant's registered workers and, of those reporting a capacity, their free memory
+        (capacity less what the records place on them), as placement counts it."""
+        registered = {self._keys.parse_worker(key): WorkerRecord.from_json(raw, key)
+                      for key, raw in self._metadata.get_prefix(self._keys.tenant_workers_prefix(tenant))}
+        draining = {k for k in registered if self._metadata.get(self._keys.drain(*k)) is not None}
+        records = self._records(self._keys.tenant_assignments_prefix(tenant))
+        candidates = candidates_of(records, [], registered, draining)
+        return len(registered), {c.worker_id: c.free_bytes for c in candidates
+                                 if c.memory_bytes > 0 and not c.draining}
 
     def _known_tenant(self, tenant: str) -> bool:
         """The speed layer has an epoch, a worker, a config or a followed dataset of `tenant`."""
@@ -128,9 +143,8 @@ class ManagementServicer(mg_grpc.ManagementServiceServicer):
         config = TenantConfig.from_json(raw, key) if raw is not None else TenantConfig()
         if not request.read_only:
             self._leader()
-            config = TenantConfig(memory_quota_bytes=request.memory_quota_bytes,
-                                  source_roots=tuple(request.source_roots) or config.source_roots,
-                                  replication_factor=config.replication_factor)
+            config = replace(config, memory_quota_bytes=request.memory_quota_bytes,
+                             source_roots=tuple(request.source_roots) or config.source_roots)
             self._metadata.put(key, config.to_json())
         used = tenant_usage(self._records(self._keys.tenant_assignments_prefix(request.tenant_id)), request.tenant_id)
         return mg.TenantQuotaResponse(tenant_id=request.tenant_id, memory_quota_bytes=config.memory_quota_bytes,

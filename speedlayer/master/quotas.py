@@ -2,7 +2,8 @@
 
 An epoch counts `estimated_memory_bytes x replication`: every replica occupies a worker's
 memory. An incremental epoch whose base epoch is still held counts only what it adds (workers
-share the base's tables between them). FAILED and EVICTED epochs count nothing. Checked before
+share the base's tables between them). FAILED and EVICTED epochs count nothing. A sharded epoch
+counts its whole estimate once, as its own (its shards' records count nothing: they are its parts). Checked before
 anything of a new epoch is persisted.
 """
 
@@ -14,7 +15,7 @@ from speedlayer.records import AssignmentRecord, GlobalConfig, TenantConfig
 
 def footprint(record: AssignmentRecord, base: AssignmentRecord | None = None) -> int:
     """`base`: the record of `record.base_epoch`, if known."""
-    if not record.live:
+    if not record.live or record.shard_of:
         return 0
     size = record.estimated_memory_bytes
     if record.base_epoch and base is not None and base.live:

@@ -17,10 +17,12 @@ from typing import Callable
 
 from danube_core.errors import DanubeError
 
+from speedlayer.master.desired import DesiredEpochs
 from speedlayer.master.lifecycle import evictions, superseded_keys
 from speedlayer.master.load_failures import failed_everywhere, replication_target, retire_failed_replicas
 from speedlayer.master.placement import EpochPlacement, next_placement
 from speedlayer.master.quotas import footprint
+from speedlayer.master.sharded_epochs import cascaded, rolled_up
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
 from speedlayer.master.worker_streams import StreamRegistry, WorkerSession
@@ -33,6 +35,7 @@ from speedlayer.records import (
 logger = logging.getLogger(__name__)
 
 IDLE_CHECK_S = 1.0
+MAX_REST_S = 0.5  # the longest rest after a pass (see Reconciler._run)
 
 
 def candidates_of(records: list[AssignmentRecord], sessions: list[WorkerSession],
@@ -47,6 +50,8 @@ def candidates_of(records: list[AssignmentRecord], sessions: list[WorkerSession]
         if record.live:
             share = footprint(record, by_epoch.get((record.tenant, record.dataset, record.base_epoch)))
             share //= max(1, record.replication)
+            if record.shard_of:  # a shard's memory is its own (quotas count it with its epoch)
+                share = record.estimated_memory_bytes
             for worker in record.replicas:
                 size, count = assigned.get((record.tenant, worker), (0, 0))
                 assigned[(record.tenant, worker)] = (size + share, count + 1)
@@ -63,7 +68,8 @@ EPOCH_STATUSES = (PENDING, PLANNED, ASSIGNED, FAILED, EVICTED)
 
 def epoch_counts(records: list[AssignmentRecord]) -> dict[tuple[str, str, str], int]:
     """(tenant, dataset, status) -> epochs, every status of a dataset present (zeros included),
-    so a dataset's FAILED count drops to 0 rather than vanishing when the epoch is retired."""
+    so a dataset's FAILED count drops to 0 rather than vanishing when the epoch is retired.
+    Pass the epochs' records or the shards' (a sharded epoch's shards are not epochs)."""
     counts: dict[tuple[str, str, str], int] = {}
     for tenant, dataset in {(r.tenant, r.dataset) for r in records}:
         counts.update({(tenant, dataset, status): 0 for status in EPOCH_STATUSES})
@@ -86,6 +92,7 @@ class Reconciler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+        self._exported_counts: tuple[dict, dict] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -103,12 +110,18 @@ class Reconciler:
         while not self._stop.is_set():
             self._wake.clear()
             timeout = IDLE_CHECK_S
+            started = time.monotonic()
             try:
                 timeout = self.run_once()
             except DanubeError as exc:
                 logger.warning("reconciliation pass failed, retrying: %s", exc)
             except Exception:
                 logger.exception("reconciliation pass failed")
+            # A pass is O(records); woken by every change it would run back to back under a
+            # stream of admissions and status reports, holding the GIL from the gRPC threads.
+            # Resting as long as the pass took keeps it to half a core; changes meanwhile are
+            # taken by the next pass together.
+            self._stop.wait(min(time.monotonic() - started, MAX_REST_S))
             self._wake.wait(timeout)
 
     def run_once(self) -> float:
@@ -131,7 +144,8 @@ class Reconciler:
         max_failures = self._config.global_config.max_load_failures
         epochs = [EpochPlacement(PlanSummary(r.tenant, r.dataset, r.epoch, r.estimated_memory_bytes),
                                  replication_target(r, max_failures), r.staying(), frozenset(r.load_failures))
-                  for r in records if r.status in (PLANNED, ASSIGNED) and (r.tenant, r.dataset, r.epoch) not in old]
+                  for r in records if r.status in (PLANNED, ASSIGNED) and (r.tenant, r.dataset, r.epoch) not in old
+                  and not r.sharded]  # a sharded epoch's shards are placed, not the epoch
         by_key = {f"{r.tenant}/{r.dataset}/{r.epoch}": r for r in records}
         live = set(workers) | connected
         for key, workers_next in next_placement(epochs, candidates, keep, self._strategy()).items():
@@ -140,9 +154,15 @@ class Reconciler:
             if any(r.leaving for r in record.replicas.values()):
                 self._retire_leaving(record, live)
             self._fail_if_unplaceable(record, max_failures)
+        self._roll_up_shards()
+        desired = DesiredEpochs.of(self._state.snapshot()[0])  # once for every worker
         for session in self._registry.all():
-            self.sync(session)
-        set_epoch_counts(epoch_counts(self._state.snapshot()[0]))
+            self.sync(session, desired)
+        records = self._state.snapshot()[0]
+        counts = (epoch_counts([r for r in records if not r.shard_of]), epoch_counts([r for r in records if r.shard_of]))
+        if counts != self._exported_counts:  # 5 series per dataset: set only when a count moved
+            set_epoch_counts(*counts)
+            self._exported_counts = counts
         waits = [max(since + delay, grace_end if k in taking_over else 0.0) - now
                  for k, since in lost_since.items() if k in in_grace]
         return max(0.05, min([IDLE_CHECK_S, *waits]))
@@ -252,6 +272,33 @@ class Reconciler:
         logger.error("epoch %s of %s/%s FAILED: %s", record.epoch, record.tenant, record.dataset, updated.message,
                      extra={"tenant_id": record.tenant, "epoch_id": record.epoch})
 
+    def _roll_up_shards(self) -> None:
+        """Sharded epochs follow their shards (ASSIGNED, READY, FAILED); shards follow an epoch
+        that FAILED or was EVICTED (`sharded_epochs`)."""
+        records = self._state.snapshot()[0]
+        by_key = {(r.tenant, r.dataset, r.epoch): r for r in records}
+        now_ms = int(time.time() * 1000)
+        for epoch in (r for r in records if r.sharded):
+            shards = {s: by_key[(epoch.tenant, epoch.dataset, s)] for s in epoch.shards
+                      if (epoch.tenant, epoch.dataset, s) in by_key}
+            if rolled_up(epoch, shards, now_ms) is None:
+                continue
+            updated = self._state.update_record(epoch.tenant, epoch.dataset, epoch.epoch,
+                                                lambda current, s=shards: rolled_up(current, s, now_ms))
+            if updated is not None and updated.status != epoch.status:
+                self._audit.record(AuditEvent(kind=f"admission.{updated.status}", tenant=epoch.tenant,
+                                              dataset=epoch.dataset, epoch=epoch.epoch, master_id=self._master_id,
+                                              detail={"shards": list(epoch.shards), "reason": updated.message}))
+                log = logger.error if updated.status == FAILED else logger.info
+                log("sharded epoch %s of %s/%s is %s %s", epoch.epoch, epoch.tenant, epoch.dataset, updated.status,
+                    updated.message, extra={"tenant_id": epoch.tenant, "epoch_id": epoch.epoch})
+            by_key[(epoch.tenant, epoch.dataset, epoch.epoch)] = updated or epoch
+        for shard in (r for r in records if r.shard_of):
+            parent = by_key.get((shard.tenant, shard.dataset, shard.shard_of))
+            if cascaded(shard, parent) is not None:
+                self._state.update_record(shard.tenant, shard.dataset, shard.epoch,
+                                          lambda current, p=parent: cascaded(current, p))
+
     def _retire_leaving(self, record: AssignmentRecord, live: set[tuple[str, str]]) -> None:
         """Drop leaving replicas once their replacements are READY (or the worker is gone)."""
         def change(current: AssignmentRecord) -> AssignmentRecord | None:
@@ -263,15 +310,15 @@ class Reconciler:
 
         self._state.update_record(record.tenant, record.dataset, record.epoch, change)
 
-    def sync(self, session: WorkerSession) -> None:
-        """Send `session` the plans it should hold and has not got; drop what it should not hold."""
+    def sync(self, session: WorkerSession, index: DesiredEpochs | None = None) -> None:
+        """Send `session` the plans it should hold and has not got; drop what it should not hold.
+        `index`: what every worker should hold, when a pass syncs them all (else computed here)."""
         if session.closed:
             return
-        records = self._state.snapshot()[0]
-        old = superseded_keys(records)
+        index = index if index is not None else DesiredEpochs.of(self._state.snapshot()[0])
+        old = index.superseded
         # Oldest first: a worker loading several epochs of a dataset has each base before its increments.
-        desired = {f"{r.dataset}/{r.epoch}": r for r in sorted(records, key=lambda r: r.order)
-                   if r.tenant == session.tenant and r.live and session.worker_id in r.replicas}
+        desired = index.of_worker(session.key)
         for ref, record in desired.items():
             replica = record.replicas[session.worker_id]
             if ref in session.sent or ref in session.held or replica.state == R_FAILED:

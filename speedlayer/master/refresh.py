@@ -50,6 +50,7 @@ class Refresher:
         self._lock = threading.Lock()
         self._due: dict[DatasetKey, str] = {}  # dataset -> why it is looked at next ("announce", "loaded")
         self._refused: dict[DatasetKey, int] = {}  # last version refused (not retried until a newer one)
+        self._latest_this_pass: dict[str, int] = {}  # table URI -> latest version, this pass
         self._loop = WatchedThread("refresh", self._run)
         self._wake, self._stop = self._loop.wake_event, self._loop.stop_event
 
@@ -91,20 +92,29 @@ class Refresher:
     def run_once(self, all_datasets: bool = True) -> None:
         with self._lock:
             due, self._due = self._due, {}
-        specs = self._specs()
+        if not all_datasets and not due:
+            return  # woken by a change that no dataset waits on: nothing to read
+        # A poll reads every spec; a wake only the specs of the datasets due (not all of them
+        # again on every change), and each pass groups the records by dataset once.
+        specs = self._specs() if all_datasets else self._specs_of(set(due))
         keys = set(specs) if all_datasets else set(due) & set(specs)
+        grouped: dict[DatasetKey, list[AssignmentRecord]] = {}
+        for record in self._state.snapshot()[0]:
+            grouped.setdefault((record.tenant, record.dataset), []).append(record)
+        self._latest_this_pass = {}
         for key in sorted(keys):
             spec = specs[key]
             if not spec.follow or spec.source_type != "delta":
                 continue
             try:
-                waiting = self.refresh(key, spec, due.get(key, "poll"))
+                waiting = self.refresh(key, spec, due.get(key, "poll"), grouped.get(key, []))
             except SpeedLayerError as exc:
                 logger.warning("refreshing %s/%s failed: %s", *key, exc, extra={"tenant_id": key[0]})
                 waiting = False
             if waiting:  # looked at again when its epoch in flight settles
                 with self._lock:
                     self._due.setdefault(key, "loaded")
+        self._latest_this_pass = {}  # a refresh outside a pass reads the log again
 
     def _specs(self) -> dict[DatasetKey, DatasetSpec]:
         specs = {}
@@ -117,18 +127,39 @@ class Refresher:
                     logger.error("ignoring %s: %s", key, exc)
         return specs
 
-    def refresh(self, key: DatasetKey, spec: DatasetSpec, trigger: str) -> bool:
+    def _specs_of(self, keys: set[DatasetKey]) -> dict[DatasetKey, DatasetSpec]:
+        specs = {}
+        for tenant, dataset in keys:
+            key = self._state.keys.dataset_spec(tenant, dataset)
+            raw = self._state.metadata.get(key)
+            if raw is not None:
+                try:
+                    specs[(tenant, dataset)] = DatasetSpec.from_json(raw, key)
+                except DanubeError as exc:
+                    logger.error("ignoring %s: %s", key, exc)
+        return specs
+
+    def _latest_version(self, uri: str) -> int:
+        """The table's latest version, read once per pass (datasets may follow one table)."""
+        if uri not in self._latest_this_pass:
+            self._latest_this_pass[uri] = self._delta.latest_version(uri)
+        return self._latest_this_pass[uri]
+
+    def refresh(self, key: DatasetKey, spec: DatasetSpec, trigger: str,
+                records: list[AssignmentRecord] | None = None) -> bool:
         """Plan the dataset's next epoch if its table moved on. True: a newer version may exist
-        but an epoch is still in flight (look again when it settles)."""
+        but an epoch is still in flight (look again when it settles). `records`: the dataset's
+        (default: read from the leader's view)."""
         tenant, dataset = key
-        records = [r for r in self._state.snapshot()[0] if r.tenant == tenant and r.dataset == dataset]
+        if records is None:
+            records = [r for r in self._state.snapshot()[0] if r.tenant == tenant and r.dataset == dataset]
         live = by_dataset(records).get(key, [])
         head = live[-1] if live else None
         if head is not None and (head.status != ASSIGNED or not head.settled()):
             return True
         known = max((r.version for r in records if r.status != EVICTED), default=-1)
         known = max(known, self._refused.get(key, -1))
-        latest = self._delta.latest_version(spec.source_uri)
+        latest = self._latest_version(spec.source_uri)
         if latest <= known:
             return False
         wanted = [dict(p) for p in spec.partitions]

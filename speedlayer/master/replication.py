@@ -26,19 +26,31 @@ def how_to_set(tenant: str, replication: int | None = None) -> str:
             f"(every tenant's; default {DEFAULT_REPLICATION})")
 
 
-def shortfall(record: AssignmentRecord, workers: int) -> str:
+def capacity(record: AssignmentRecord, free: dict[str, int]) -> str:
+    """What a replica of `record` needs against what the tenant's workers have free ("" when
+    `free`, worker -> free bytes of those reporting a capacity, is empty)."""
+    if not free:
+        return ""
+    shown = ", ".join(f"{w} {b}" for w, b in sorted(free.items(), key=lambda x: (-x[1], x[0]))[:8])
+    return (f"capacity: a replica needs {record.estimated_memory_bytes} bytes, the most any worker has free is "
+            f"{max(free.values())} bytes (free: {shown}{', ...' if len(free) > 8 else ''})")
+
+
+def shortfall(record: AssignmentRecord, workers: int, free: dict[str, int] | None = None) -> str:
     """Why `record` has fewer replicas than its replication and what to do ("" when it has them
-    all, or is not being placed). `workers`: how many workers of its tenant are registered."""
+    all, or is not being placed). `workers`: how many workers of its tenant are registered;
+    `free`: their free memory, to say capacity needed against capacity free."""
     placed, wanted, tenant = len(record.staying()), record.replication, record.tenant
-    if record.status not in (PLANNED, ASSIGNED) or placed >= wanted:
+    if record.status not in (PLANNED, ASSIGNED) or placed >= wanted or record.sharded:
         return ""
     start = f"start a worker of tenant {tenant} (python -m speedlayer worker --tenant {tenant} --masters ...)"
     if workers == 0:
         return f"no eligible worker of tenant {tenant} yet (none registered); assigned when one registers: {start}"
+    room = capacity(record, free or {})
     if placed == 0:
         return (f"no eligible worker of tenant {tenant} among its {workers} registered: draining, short of "
                 f"memory for the epoch's estimated {record.estimated_memory_bytes} bytes, or its load failed "
-                f"there (see replicas); {start}")
+                f"there (see replicas); {start}" + (f"; {room}" if room else ""))
     if workers > placed:
         return (f"{placed} of {wanted} replicas placed: tenant {tenant}'s other workers are draining, short of "
                 f"memory for the epoch's estimated {record.estimated_memory_bytes} bytes, or its load failed "

@@ -44,6 +44,11 @@ from speedlayer.sources.delta import DeltaTableSource
 
 logger = logging.getLogger(__name__)
 
+# A worker's EventStream holds one of the server's threads for as long as it is connected, so
+# the pool must outnumber the workers or the rest (and every management call) wait for a
+# thread that never frees (it was 64: a 65th worker could not register). Threads start only when used.
+GRPC_THREADS = 2048
+
 
 
 class LeaderRuntime:
@@ -109,7 +114,7 @@ class MasterServer:
         self._runtime: LeaderRuntime | None = None
         self._member_lease: Lease | None = None
         self._stopped = threading.Event()
-        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="grpc"),
+        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_THREADS, thread_name_prefix="grpc"),
                                  options=MASTER_SERVER_OPTIONS)
         cp_grpc.add_ControlPlaneServiceServicer_to_server(ControlPlaneServicer(self._stream_leader), self._grpc)
         mg_grpc.add_ManagementServiceServicer_to_server(

@@ -139,11 +139,13 @@ class ClusterState:
                     self.lost_since[key] = time.monotonic()
                     if key not in self.draining:  # a drained worker leaving is the drain's end, not a loss
                         WORKERS_LOST.labels(tenant=key[0]).inc()
+                        logger.warning("worker %s/%s lost (its lease expired)", *key,
+                                       extra={"tenant_id": key[0], "worker_id": key[1]})
                 if key in self.draining:  # a drained worker that left: a new one of that id starts afresh
                     self.draining.discard(key)
                     threading.Thread(target=self.metadata.delete, args=(self.keys.drain(*key),), daemon=True).start()
-                    logger.warning("worker %s/%s lost (its lease expired)", *key,
-                                   extra={"tenant_id": key[0], "worker_id": key[1]})
+                    logger.info("worker %s/%s left after its drain", *key,
+                                extra={"tenant_id": key[0], "worker_id": key[1]})
             else:
                 self.workers[key] = WorkerRecord.from_json(event.value, event.key)
                 self.lost_since.pop(key, None)

@@ -45,6 +45,8 @@ REFRESH_LAG = Histogram(
 # (`forget_leader_view`), so a follower never reports a stale count.
 EPOCHS = Gauge("master_epochs", "Epochs the leader holds, by admission status, per tenant and dataset",
                ["tenant", "dataset", "status"])
+SHARDS = Gauge("master_epoch_shards", "Shards of sharded epochs the leader holds, by admission status, per tenant "
+               "and dataset (a sharded epoch counts once in master_epochs)", ["tenant", "dataset", "status"])
 WORKERS_LOST = Counter("master_workers_lost_total",
                        "Registered workers whose lease expired without a drain (seen by the leader)", ["tenant"])
 GATEWAY_QUERIES = Counter("gateway_queries_total", "Queries through the gateway by outcome (OK or a status)",
@@ -54,33 +56,41 @@ GATEWAY_QUERY_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
 )
 GATEWAY_RETRIES = Counter("gateway_replica_retries_total", "Queries retried on another replica", ["tenant"])
+GATEWAY_SHARDS = Counter("gateway_shards_total", "Shards of sharded datasets asked by queries, or skipped because "
+                         "the WHERE clause's partition values are not in them", ["tenant", "outcome"])
 
 _TIMED = {"get", "put", "delete", "delete_prefix", "get_prefix", "get_range", "put_if_absent",
           "compare_and_put", "grant_lease"}
 
 
-def set_epoch_counts(counts: dict[tuple[str, str, str], int]) -> None:
-    """`master_epochs` as `counts` ((tenant, dataset, status) -> epochs) says: a dataset's
-    series that `counts` no longer names are removed, so a deleted dataset's counts go away."""
+def set_epoch_counts(counts: dict[tuple[str, str, str], int],
+                     shard_counts: dict[tuple[str, str, str], int] | None = None) -> None:
+    """`master_epochs` as `counts` ((tenant, dataset, status) -> epochs) says, and
+    `master_epoch_shards` as `shard_counts` does: a dataset's series the counts no longer name are
+    removed, so a deleted dataset's counts go away."""
     with _EPOCH_LOCK:
-        for labels in _EPOCH_SERIES - counts.keys():
-            EPOCHS.remove(*labels)
-        for (tenant, dataset, status), count in counts.items():
-            EPOCHS.labels(tenant=tenant, dataset=dataset, status=status).set(count)
-        _EPOCH_SERIES.clear()
-        _EPOCH_SERIES.update(counts)
+        for gauge, series, wanted in ((EPOCHS, _EPOCH_SERIES, counts), (SHARDS, _SHARD_SERIES, shard_counts or {})):
+            for labels in series - wanted.keys():
+                gauge.remove(*labels)
+            for (tenant, dataset, status), count in wanted.items():
+                gauge.labels(tenant=tenant, dataset=dataset, status=status).set(count)
+            series.clear()
+            series.update(wanted)
 
 
 def forget_leader_view() -> None:
     """Drop the gauges only a leader sets (a deposed master must not keep reporting them)."""
     with _EPOCH_LOCK:
         EPOCHS.clear()
+        SHARDS.clear()
         _EPOCH_SERIES.clear()
+        _SHARD_SERIES.clear()
     WORKERS_REGISTERED.clear()
 
 
 _EPOCH_LOCK = threading.Lock()  # the reconciler sets, the election thread clears
 _EPOCH_SERIES: set[tuple[str, str, str]] = set()  # the label sets `master_epochs` exports now
+_SHARD_SERIES: set[tuple[str, str, str]] = set()  # and those `master_epoch_shards` does
 
 
 def serve_metrics(port: int | None) -> None:

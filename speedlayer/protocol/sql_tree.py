@@ -3,7 +3,9 @@ SQL statement analysis (the gateway may not import the worker, so both read it f
 
 `parse_tree` asks DuckDB's own parser (`json_serialize_sql`) of one in-memory database opened
 once: opening one costs ~17 ms of CPU, and Flight servers run calls on threads that come and
-go; each parse takes a cursor of it (its own connection, ~0.05 ms). `nodes` walks the tree.
+go; each parse takes a cursor of it (its own connection, ~0.05 ms). `nodes` walks the tree;
+`to_sql` prints a (rewritten) tree back as SQL (`json_deserialize_sql`), and `aggregate_names`
+says which function names DuckDB knows as aggregates.
 """
 
 from __future__ import annotations
@@ -32,6 +34,27 @@ def parse_tree(sql: str) -> dict[str, Any]:
     with _parser_database().cursor() as cursor:
         row = cursor.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
         return json.loads(row[0]) if row else {"error": True}
+
+
+def to_sql(tree: dict[str, Any]) -> str:
+    """The SQL text of a parse tree as `parse_tree` returns it (one statement)."""
+    with _parser_database().cursor() as cursor:
+        row = cursor.execute("SELECT json_deserialize_sql(?)", [json.dumps(tree)]).fetchone()
+        return str(row[0])
+
+
+_aggregates: frozenset[str] | None = None
+
+
+def aggregate_names() -> frozenset[str]:
+    """Lower-case names of DuckDB's aggregate functions (read once)."""
+    global _aggregates
+    if _aggregates is None:
+        with _parser_database().cursor() as cursor:
+            rows = cursor.execute("SELECT DISTINCT lower(function_name) FROM duckdb_functions() "
+                                  "WHERE function_type = 'aggregate'").fetchall()
+        _aggregates = frozenset(r[0] for r in rows)
+    return _aggregates
 
 
 def nodes(tree: Any) -> Iterator[dict[str, Any]]:

@@ -9,6 +9,7 @@ import sys
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.ports import free_port
 from speedlayer.clients import delta_request
@@ -58,6 +59,17 @@ def test_admin_cli_drain_metrics_and_audit(cluster_factory, delta_table):
     assert 'master_workers_registered_total{tenant="acme"}' in text
     assert "master_data_assignment_duration_seconds_count 1.0" in text
     assert 'etcd_client_latency_seconds_count{op="compare_and_put"}' in text
+    # what the dashboards and alerts read, from the real leader: its epochs by status, every
+    # status present (zeros too), and the drained w1 that left is not counted as lost
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    epochs = {dict(labels)["status"]: value for (name, labels), value in samples.items()
+              if name == "master_epochs" and dict(labels).get("tenant") == "acme"
+              and dict(labels).get("dataset") == "orders"}
+    assert {status for status, count in epochs.items() if count} == {"ASSIGNED"} and epochs["ASSIGNED"] == 1.0
+    assert epochs.get("FAILED") == 0.0
+    assert samples[("master_workers_lost_total", (("tenant", "acme"),))] == 0.0
+    assert samples[("master_leader_status", ())] == 1.0
 
     kinds = [e["kind"] for e in read_audit_log(str(cluster.root / "speedlayer-audit-m1.jsonl"))]
     assert kinds[:1] == ["leader.elected"]

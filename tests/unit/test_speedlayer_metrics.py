@@ -93,3 +93,31 @@ def test_a_worker_whose_lease_ends_counts_as_lost_unless_it_was_drained():
     finally:
         state.close()
         store.close()
+
+
+def test_lost_worker_warning_is_logged_for_lost_workers_not_drained_ones(caplog):
+    """Regression: the "lost (its lease expired)" warning sat in the drained branch, so it named
+    every drained worker that left and never a lost one."""
+    store = MemoryMetadataStore()
+    keys = SpeedLayerKeys("/lost-warning-test")
+    tenant = "warned-t"
+    worker = WorkerRecord(address="127.0.0.1:1", memory_bytes=1 << 30, cpu_cores=1, master_id="m1").to_json()
+    for name in ("w1", "w2"):
+        store.put(keys.worker(tenant, name), worker)
+    state = ClusterState(store, keys, lambda: None)
+    state.load()
+    caplog.set_level("INFO", logger="speedlayer.master.state")
+    try:
+        store.put(keys.drain(tenant, "w2"), b"{}")
+        eventually(lambda: (tenant, "w2") in state.draining)
+        store.delete(keys.worker(tenant, "w2"))  # drained, then it left
+        eventually(lambda: (tenant, "w2") not in state.workers)
+        store.delete(keys.worker(tenant, "w1"))  # its lease expired
+        eventually(lambda: (tenant, "w1") not in state.workers)
+
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warnings == [f"worker {tenant}/w1 lost (its lease expired)"]
+        assert f"worker {tenant}/w2 left after its drain" in caplog.text
+    finally:
+        state.close()
+        store.close()

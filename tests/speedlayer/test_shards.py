@@ -1,0 +1,240 @@
+"""Sharded epochs end to end: a table bigger than any worker, served through shards and merged at
+the gateway (issue 26).
+
+One cluster for the module (real processes: a master, four workers of 3 MiB, a gateway), a
+partitioned Delta table of 8 days whose estimated memory (the expansion factor is raised so that
+a few thousand rows weigh ~3.6 MiB) exceeds every worker's; the tenant's `shard_max_bytes` splits
+it into four shards of two days each, replicated twice. Answers are compared with DuckDB reading
+the same Delta version straight from its files (deltalake), not through the speed layer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import duckdb
+import grpc
+import pyarrow as pa
+import pytest
+
+from devstack.ports import free_port
+from speedlayer.clients import QueryClient, delta_request
+from speedlayer.errors import InvalidQueryError
+from speedlayer.records import GlobalConfig, TenantConfig
+from tests.rig import eventually
+from tests.speedlayer.cluster import REPO_ROOT, SpeedLayerCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+TENANT, DAYS, ROWS = "acme", 8, 4000
+WORKER_MB = 3
+ESTIMATE = int(3.6 * 1024 * 1024)  # what the table should weigh in memory: more than one worker's 3 MiB
+
+
+def _write(path: str, rows: range, mode: str = "append") -> None:
+    from deltalake import write_deltalake
+
+    write_deltalake(path, pa.table({
+        "id": pa.array(rows, pa.int64()),
+        "day": [f"2024-01-{i % DAYS + 1:02d}" for i in rows],
+        "amount": pa.array([float(i % 97) for i in rows], pa.float64()),
+    }), partition_by=["day"], mode=mode)
+
+
+def _parquet_bytes(path: str) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*.parquet"))
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, etcd_endpoint):
+    """(cluster, gateway, metrics port, table path, epoch of version 0)."""
+    root = tmp_path_factory.mktemp("shards")
+    table = str(root / "orders")
+    _write(table, range(ROWS))
+    expansion = ESTIMATE / _parquet_bytes(table)
+    cluster = SpeedLayerCluster(tmp_path_factory.mktemp("shards-cluster"), etcd_endpoint=etcd_endpoint)
+    cluster.set_global(GlobalConfig(reassign_delay_s=1.0, memory_expansion_factor=expansion, max_load_failures=2))
+    cluster.set_tenant(TENANT, TenantConfig(shard_max_bytes=int(ESTIMATE / 4 * 1.15)))
+    cluster.set_tenant("narrow", TenantConfig(shard_max_bytes=ESTIMATE // 10))  # 8 days: 8 shards
+    try:
+        cluster.start_master("m1")
+        for index in range(4):
+            cluster.start_worker(TENANT, f"w{index}", memory_mb=WORKER_MB)
+        cluster.start_worker("narrow", "n0", memory_mb=WORKER_MB)
+        metrics_port = free_port()
+        gateway = cluster.start_gateway(extra={"metrics_port": metrics_port})
+        client = cluster.client()
+        eventually(lambda: [len(client.workers(t).workers) for t in (TENANT, "narrow")] == [4, 1], 30)
+        reply = client.admit(delta_request(TENANT, "orders", table, version=0))
+        yield cluster, gateway, metrics_port, table, reply
+    finally:
+        cluster.stop()
+
+
+def _direct(table: str, version: int, sql: str) -> list[dict]:
+    """`sql` on the Delta version read straight from its files (the reference answer)."""
+    from deltalake import DeltaTable
+
+    connection = duckdb.connect()
+    connection.register("orders", DeltaTable(table, version=version).to_pyarrow_table())
+    return connection.sql(sql).to_arrow_table().to_pylist()
+
+
+def _query(gateway: str, sql: str) -> list[dict]:
+    with QueryClient(gateway, TENANT, token=None, client_id="shards-test") as client:
+        return client.query("orders", sql, timeout_ms=20_000).to_pylist()
+
+
+def _served(cluster: SpeedLayerCluster, epoch: str):
+    status = cluster.client().status(TENANT, "orders", epoch).epochs[0]
+    return status if status.message.startswith("sharded into") and " 4 of 4 READY" in status.message else None
+
+
+EXACT = [
+    "SELECT day, count(*) AS n, sum(amount) AS total, min(id), max(id), avg(amount) AS mean "
+    "FROM orders GROUP BY day ORDER BY day",
+    "SELECT count(*), sum(amount) FROM orders WHERE amount > 50 AND id % 3 = 0",       # not partition columns
+    "SELECT day, count(*) FROM orders WHERE day IN ('2024-01-02', '2024-01-07') GROUP BY day ORDER BY day",
+    "SELECT id, amount FROM orders ORDER BY amount DESC, id LIMIT 7 OFFSET 3",
+    "SELECT amount > 48 AS high, count(*) AS n FROM orders GROUP BY amount > 48 ORDER BY high",
+]
+
+
+def test_a_table_bigger_than_any_worker_is_sharded_and_answered_exactly(shards):
+    cluster, gateway, metrics_port, table, reply = shards
+    assert reply.status == "ASSIGNED", reply
+    status = eventually(lambda: _served(cluster, reply.epoch_id), 60)
+    assert status.estimated_memory_bytes > WORKER_MB * 1024 * 1024  # no single worker could hold it
+    shard_ids = [f"{reply.epoch_id}.s{i}" for i in range(4)]
+    def replicated():  # two READY replicas per shard (a balancing move may still be under way)
+        listed = {e.epoch_id: e for e in cluster.client().status(TENANT, "orders").epochs}
+        return all(listed[s].kind == "shard" and len([r for r in listed[s].replicas if r.state == "READY"]) == 2
+                   for s in shard_ids) and listed
+    listed = eventually(replicated, 30)
+    assert sum(listed[s].total_rows for s in shard_ids) == ROWS
+    for sql in EXACT:
+        assert _query(gateway, sql) == _direct(table, 0, sql), sql
+    # a point query on a partition value asks only the shard holding it
+    before = _shard_calls(metrics_port)
+    sql = "SELECT count(*) AS n, sum(amount) AS total FROM orders WHERE day = '2024-01-05'"
+    assert _query(gateway, sql) == _direct(table, 0, sql)
+    after = _shard_calls(metrics_port)
+    assert (after["asked"] - before["asked"], after["pruned"] - before["pruned"]) == (1, 3)
+    sql = "SELECT count(DISTINCT id) AS ids, median(amount) AS m FROM orders WHERE day = '2024-01-05'"
+    assert _query(gateway, sql) == _direct(table, 0, sql)  # one shard holds all it reads: any shape
+    assert {e["epoch"] for e in cluster.audit_events("admission.ASSIGNED")} >= {reply.epoch_id, *shard_ids}
+
+
+def _shard_calls(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = {"asked": 0.0, "pruned": 0.0}
+    for line in text.splitlines():
+        if line.startswith("gateway_shards_total{"):
+            outcome = line.split('outcome="')[1].split('"')[0]
+            found[outcome] += float(line.rsplit(" ", 1)[1])
+    return found
+
+
+@pytest.mark.parametrize("sql, construct", [
+    ("SELECT count(DISTINCT day) FROM orders", "count(DISTINCT ...)"),
+    ("SELECT median(amount) FROM orders", "aggregate median()"),
+    ("SELECT id, sum(amount) OVER (ORDER BY id) FROM orders", "window function sum() OVER (...)"),
+    ("SELECT a.id FROM orders a JOIN orders b ON a.id = b.id", "a join"),
+])
+def test_a_shape_that_cannot_be_merged_is_refused_naming_it(shards, sql, construct):
+    cluster, gateway, _, _, reply = shards
+    eventually(lambda: _served(cluster, reply.epoch_id), 60)
+    with pytest.raises(InvalidQueryError) as refused:
+        _query(gateway, sql)
+    assert str(refused.value).startswith(construct) and "split into 4 shards" in str(refused.value)
+
+
+def test_more_shards_than_workers_is_refused_at_admission(shards):
+    cluster, _, _, table, _ = shards
+    with pytest.raises(grpc.RpcError) as refused:
+        cluster.client().admit(delta_request("narrow", "orders", table, version=0))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    message = refused.value.details()
+    assert "needs 8 shards but the tenant has 1 worker(s)" in message and f"({ESTIMATE // 10} bytes per shard)" in message
+    assert not cluster.metadata.get_prefix(cluster.keys.tenant_assignments_prefix("narrow"))  # nothing persisted
+
+
+def test_an_epoch_that_cannot_be_placed_says_what_it_needs_against_what_is_free(shards, tmp_path):
+    cluster, _, _, _, _ = shards
+    single = str(tmp_path / "single")
+    from deltalake import write_deltalake
+
+    # one file (it cannot be sharded) of hardly compressible numbers: ~10x the orders table in memory
+    write_deltalake(single, pa.table({"x": pa.array([i * 2654435761 % 2**61 for i in range(10 * ROWS)], pa.int64())}))
+    reply = cluster.client().admit(delta_request(TENANT, "single", single, version=0, replication=1))
+    assert reply.status == "PLANNED" and "capacity: a replica needs" in reply.message, reply
+    result = subprocess.run(
+        [sys.executable, "-m", "speedlayer", "admin", "--masters", ",".join(cluster.master_addresses), "status",
+         "--tenant", TENANT, "--dataset", "single"],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    epoch = json.loads(result.stdout)["epochs"][0]
+    assert epoch["status"] == "PLANNED"
+    assert "the most any worker has free is" in epoch["message"] and "free: w" in epoch["message"]
+
+
+def test_a_shard_failing_on_every_worker_fails_the_epoch_and_the_previous_stays_served(shards):
+    cluster, gateway, _, table, v0 = shards
+    eventually(lambda: _served(cluster, v0.epoch_id), 60)
+    # version 1 rewrites the table at half its size (fewer shards, one replica each: room for them
+    # and for a retry next to version 0's replicas)
+    _write(table, range(ROWS // 2), mode="overwrite")
+    from deltalake import DeltaTable
+
+    lost = sorted(DeltaTable(table, version=1).file_uris())[0]
+    os.remove(lost)  # the version's log names a file that is gone: its shard cannot load anywhere
+    reply = cluster.client().admit(delta_request(TENANT, "orders", table, version=1, replication=1))
+    epoch = eventually(lambda: (e := cluster.client().status(TENANT, "orders", reply.epoch_id).epochs[0]).status
+                       == "FAILED" and e, 60)
+    assert re.search(r"^1 of [23] shards failed to load, so the epoch is not served", epoch.message)
+    assert "max_load_failures=2 reached" in epoch.message and epoch.message.count(os.path.basename(lost)) >= 2
+    failed_shard = [e for e in cluster.client().status(TENANT, "orders").epochs
+                    if e.epoch_id.startswith(reply.epoch_id + ".") and e.status == "FAILED"
+                    and "max_load_failures=2 reached" in e.message]
+    assert len(failed_shard) == 1 and len([r for r in failed_shard[0].replicas if r.state == "FAILED"]) == 2
+    sql = EXACT[0]
+    assert _query(gateway, sql) == _direct(table, 0, sql)  # still version 0, whole
+
+
+def test_no_query_fails_while_a_shard_replicas_worker_is_killed(shards):
+    cluster, gateway, _, table, reply = shards
+    eventually(lambda: _served(cluster, reply.epoch_id), 60)
+    sql = "SELECT day, count(*) AS n, sum(amount) AS total FROM orders GROUP BY day ORDER BY day"
+    expected = _direct(table, 0, sql)
+    failures: list[str] = []
+    answered = [0]
+    stop = threading.Event()
+
+    def ask() -> None:
+        with QueryClient(gateway, TENANT, token=None, client_id="killer") as client:
+            while not stop.is_set():
+                try:
+                    assert client.query("orders", sql, timeout_ms=20_000).to_pylist() == expected
+                    answered[0] += 1
+                except Exception as exc:  # every failure counts, whatever it is
+                    failures.append(repr(exc))
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    try:
+        eventually(lambda: answered[0] >= 5, 30)
+        cluster.kill_worker(f"{TENANT}/w1", signal.SIGKILL)
+        done = answered[0]
+        eventually(lambda: answered[0] >= done + 20, 60)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert failures == []
