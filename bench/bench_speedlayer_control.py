@@ -32,7 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
-from common import Column, machine_info, print_table, write_results  # noqa: E402
+from common import Column, machine_info, print_table, wait_for, write_results  # noqa: E402
 from pyspy_profile import print_summary, profile_processes  # noqa: E402
 
 from speedlayer.clients import delta_request  # noqa: E402
@@ -40,19 +40,6 @@ from speedlayer.records import GlobalConfig  # noqa: E402
 from tests.speedlayer.cluster import SpeedLayerCluster, ready_workers  # noqa: E402
 
 GOAL_P99_MS = 200
-
-
-def wait_for(check, deadline_s: float = 120.0, interval_s: float = 0.02):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception:  # noqa: BLE001 (a master between leaders; poll again)
-            pass
-        time.sleep(interval_s)
-    raise TimeoutError("condition not met")
 
 
 def write_table(path: str, files: int, rows_per_file: int = 50) -> None:

@@ -36,7 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
-from common import Column, machine_info, print_table, tree_cpu_s, write_results  # noqa: E402
+from common import Column, Phase, machine_info, print_table, write_results  # noqa: E402
 from pyspy_profile import print_summary, profile_processes  # noqa: E402
 
 POINT_GOAL_MS, POINT_GOAL_RATIO, AGG_GOAL_RATIO = 20.0, 100.0, 10.0
@@ -83,22 +83,6 @@ def timed_queries(run, sqls: list[str]) -> list[float]:
         run(sql)
         out.append((time.perf_counter() - started) * 1000)
     return out
-
-
-class Phase:
-    """Wall and process-tree CPU seconds of one phase, with the load average at its end."""
-
-    def __init__(self, name: str, phases: dict) -> None:
-        self.name, self.phases = name, phases
-
-    def __enter__(self) -> "Phase":
-        self.cpu0, self.wall0 = tree_cpu_s(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.phases[self.name] = {"wall_s": round(time.perf_counter() - self.wall0, 2),
-                                  "cpu_s": round(tree_cpu_s() - self.cpu0, 2),
-                                  "load_1m": round(os.getloadavg()[0], 2)}
 
 
 def concurrent_load(gateway: str, tenant: str, rows: int, clients: int, seconds: float,

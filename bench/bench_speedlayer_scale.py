@@ -46,7 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
-from common import Column, machine_info, print_table, write_results  # noqa: E402
+from common import Column, machine_info, print_table, wait_for, write_results  # noqa: E402
 
 from danube_core.metadata_etcd import EtcdMetadataStore  # noqa: E402
 from speedlayer.clients import delta_request  # noqa: E402
@@ -56,19 +56,7 @@ from tests.speedlayer.cluster import SpeedLayerCluster  # noqa: E402
 TENANT = "bench"
 GOAL_ADMIT_P99_MS = 200
 GOAL_RSS_MB = 1024
-
-
-def wait_for(check, deadline_s: float = 300.0, interval_s: float = 0.05):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception:  # noqa: BLE001 (a master between leaders; poll again)
-            pass
-        time.sleep(interval_s)
-    raise TimeoutError("condition not met")
+DEADLINE_S = 300.0  # 2,000 admissions on a loaded 2-core machine take minutes
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -206,14 +194,14 @@ class ScaleRun:
     def start(self) -> None:
         for index in range(self.args.masters):
             self.cluster.start_master(f"m{index + 1}")
-        wait_for(lambda: self.cluster.leader_id())
+        wait_for(lambda: self.cluster.leader_id(), DEADLINE_S)
         others = self.workers - 1 if self.workers > 1 else self.workers
         for first in range(0, others, self.args.per_process):
             self.agents.append(start_agents(self.cluster, "w", first, min(self.args.per_process, others - first)))
         if self.workers > 1:
             self.victim = start_agents(self.cluster, "v", 0, 1)
         started = time.perf_counter()
-        wait_for(lambda: len(self.store.get_prefix(self.keys.workers_prefix, keys_only=True)) == self.workers)
+        wait_for(lambda: len(self.store.get_prefix(self.keys.workers_prefix, keys_only=True)) == self.workers, DEADLINE_S)
         self.report["all_registered_s"] = round(time.perf_counter() - started, 2)
 
     def admit(self, watchers: Watchers) -> None:
@@ -228,7 +216,7 @@ class ScaleRun:
             client.admit(delta_request(TENANT, f"ds{index}", self.table))
             admit_ms.append((time.perf_counter() - t0) * 1000)
         wall = time.perf_counter() - started
-        wait_for(lambda: all_ready(self.store, self.keys, self.datasets, self.replication), interval_s=0.5)
+        wait_for(lambda: all_ready(self.store, self.keys, self.datasets, self.replication), DEADLINE_S, 0.5)
         ready_s = time.perf_counter() - started
         leader = self.cluster.leader_id() or ""
         last = admit_ms[-max(1, len(admit_ms) // 10):]
@@ -275,16 +263,16 @@ class ScaleRun:
         metrics_before = etcd_metrics(self.cluster.etcd_endpoint)
         killed = time.perf_counter()
         self.cluster.kill_master(leader)
-        wait_for(lambda: (self.cluster.leader_id() or leader) != leader, interval_s=0.01)
+        wait_for(lambda: (self.cluster.leader_id() or leader) != leader, DEADLINE_S, 0.01)
         elected_s = time.perf_counter() - killed
-        wait_for(lambda: client.quota(TENANT, memory_quota_bytes=1 << 50), interval_s=0.01)
+        wait_for(lambda: client.quota(TENANT, memory_quota_bytes=1 << 50), DEADLINE_S, 0.01)
         acting_s = time.perf_counter() - killed
         new = self.cluster.leader_id() or ""
         # The takeover window (worker lease TTL + election TTL + reconnect backoff + reassignment
         # delay) must pass before a move could show; then two more seconds of reconciliation.
         window = 3 * self.args.heartbeat + self.args.ttl + 2.0 + self.args.delay + 2.0
         time.sleep(max(0.0, window - (time.perf_counter() - killed)))
-        wait_for(lambda: all_ready(self.store, self.keys, self.datasets, self.replication), interval_s=0.5)
+        wait_for(lambda: all_ready(self.store, self.keys, self.datasets, self.replication), DEADLINE_S, 0.5)
         settled_s = time.perf_counter() - killed
         metrics_after = etcd_metrics(self.cluster.etcd_endpoint)
         after = placement(records(self.store, self.keys))

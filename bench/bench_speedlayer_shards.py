@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
-from common import Column, machine_info, print_table, tree_cpu_s, write_results  # noqa: E402
+from common import Column, Phase, machine_info, print_table, tree_cpu_s, write_results  # noqa: E402
 
 GROUP_GOAL, POINT_GOAL = 1.5, 1.2
 TENANT = "bench"
@@ -60,22 +60,6 @@ def write_orders(path: str, rows: int, days: int) -> None:
 
 def p50(samples: list[float]) -> float:
     return round(statistics.median(samples), 2)
-
-
-class Phase:
-    """Wall and process-tree CPU seconds of one phase, with the load average at its end."""
-
-    def __init__(self, name: str, phases: dict) -> None:
-        self.name, self.phases = name, phases
-
-    def __enter__(self) -> "Phase":
-        self.cpu0, self.wall0 = tree_cpu_s(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.phases[self.name] = {"wall_s": round(time.perf_counter() - self.wall0, 2),
-                                  "cpu_s": round(tree_cpu_s() - self.cpu0, 2),
-                                  "load_1m": round(os.getloadavg()[0], 2)}
 
 
 def run(rows: int, days: int, samples: int, root: Path) -> dict:

@@ -104,6 +104,38 @@ def tree_cpu_s(root: int | None = None) -> float:
     return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
 
 
+
+class Phase:
+    """Wall and process-tree CPU seconds of one phase, with the load average at its end."""
+
+    def __init__(self, name: str, phases: dict) -> None:
+        self.name, self.phases = name, phases
+
+    def __enter__(self) -> "Phase":
+        self.cpu0, self.wall0 = tree_cpu_s(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.phases[self.name] = {"wall_s": round(time.perf_counter() - self.wall0, 2),
+                                  "cpu_s": round(tree_cpu_s() - self.cpu0, 2),
+                                  "load_1m": round(os.getloadavg()[0], 2)}
+
+
+def wait_for(check: Callable[[], T], deadline_s: float = 120.0, interval_s: float = 0.02) -> T:
+    """Call `check` until it returns something truthy (returned), taking an exception as "not
+    yet" (a speed-layer master between leaders answers with errors); TimeoutError at the
+    deadline."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception:  # noqa: BLE001 (not ready yet; poll again)
+            pass
+        time.sleep(interval_s)
+    raise TimeoutError("condition not met")
+
 def drain_timed(items: Iterator[T], total: Timing) -> list[T]:
     """Drain `items`, adding only the time spent producing them (not the caller's) to `total`."""
     out: list[T] = []

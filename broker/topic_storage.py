@@ -64,7 +64,8 @@ from danube_core.wal_files import segment_seq
 
 from broker.cursors import SubscriptionCursor
 from broker.retention import WalRetention
-from broker.tiered_reader import DescriptorCatalog, TieredReader
+from broker.tiered_reader import TieredReader
+from danube_core.descriptor_catalog import DescriptorCatalog
 from broker.uploader import ReadOnlyWal, Uploader, uploader_checkpoint_path
 from broker.wal import Wal, WalConfig
 

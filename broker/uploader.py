@@ -44,7 +44,8 @@ from danube_core.records import CurPointer, ObjectDescriptor
 from danube_core.topics import TopicName
 from danube_core.wal_files import DEFAULT_FILE_NAME, WalSegment, list_segments, scan_segment
 
-from broker.tiered_reader import DescriptorCatalog, pending_frame_bytes
+from broker.tiered_reader import pending_frame_bytes
+from danube_core.descriptor_catalog import DescriptorCatalog
 from broker.periodic import PeriodicTask
 from broker.wal import Wal
 

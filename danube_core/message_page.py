@@ -18,9 +18,10 @@ from typing import Iterator
 
 from fsspec.core import url_to_fs
 
+from danube_core.descriptor_catalog import DescriptorCatalog
 from danube_core.errors import DanubeError, ObjectMissingError, PayloadDecodeError
 from danube_core.frames import STOP_CRC, scan_frames
-from danube_core.keys import StorageKeys, parse_object_key
+from danube_core.keys import StorageKeys
 from danube_core.message import StreamMessage, decode_message, with_offset
 from danube_core.local_cache import LocalCache
 from danube_core.metadata import MetadataStore
@@ -94,49 +95,9 @@ def read_message_page(metadata: MetadataStore | LocalCache, store: ObjectStore, 
 def _descriptors_from(metadata: MetadataStore | LocalCache, keys: StorageKeys, topic: TopicName,
                       offset: int) -> Iterator[ObjectDescriptor]:
     """The descriptor holding `offset` (or the first after it), then the following ones."""
-    first = _at_or_before(metadata, keys, topic, offset)
-    start_key = keys.object_key(topic, first.start_offset if first is not None and first.end_offset >= offset
-                                else offset)
-    end_key = keys.cur_key(topic)
-    while True:
-        rows = metadata.get_range(start_key, end_key, limit=16)
-        for key, raw in rows:
-            if parse_object_key(key) is not None:
-                yield ObjectDescriptor.from_json(raw, key)
-        if len(rows) < 16:
-            return
-        start_key = rows[-1][0] + "\0"
-
-
-def _first_in(metadata: MetadataStore | LocalCache, keys: StorageKeys, topic: TopicName, low: int, high: int
-              ) -> ObjectDescriptor | None:
-    """The descriptor with the smallest start in [low, high), if any."""
-    rows = metadata.get_range(keys.object_key(topic, low), keys.object_key(topic, high), limit=1)
-    return ObjectDescriptor.from_json(rows[0][1], rows[0][0]) if rows else None
-
-
-def _at_or_before(metadata: MetadataStore | LocalCache, keys: StorageKeys, topic: TopicName, offset: int
-                  ) -> ObjectDescriptor | None:
-    """The descriptor with the greatest start <= `offset`: a backward gallop to a window holding
-    one, then a binary search: O(log distance) one-row reads, whatever the topic's history."""
-    step = 1
-    while True:
-        low = max(0, offset + 1 - step)
-        found = _first_in(metadata, keys, topic, low, offset + 1)
-        if found is not None:
-            break
-        if low == 0:
-            return None
-        step *= 4
-    lo, hi = found.start_offset + 1, offset
-    while lo <= hi:
-        mid = (lo + hi + 1) // 2
-        candidate = _first_in(metadata, keys, topic, mid, offset + 1)
-        if candidate is None:
-            hi = mid - 1
-        else:
-            found, lo = candidate, candidate.start_offset + 1
-    return found
+    catalog = DescriptorCatalog(metadata, keys, topic)
+    first = catalog.at_or_before(offset)
+    return catalog.iter_from(first.start_offset if first is not None and first.end_offset >= offset else offset)
 
 
 def _object_messages(store: ObjectStore, topic: TopicName, descriptor: ObjectDescriptor,

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from broker.tiered_reader import DescriptorCatalog, TieredReader
+from broker.tiered_reader import TieredReader
+from danube_core.descriptor_catalog import DescriptorCatalog
 from broker.uploader import Uploader
 from broker.wal import Wal, WalConfig
 from danube_core.errors import CorruptFrameError, DataLossError
