@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -168,7 +169,13 @@ def test_json_pipeline_splits_valid_and_failing_rows_exactly(lake):
     meta = json.loads(history[0]["userMetadata"])
     assert meta["offsets"] == {topic.name: {"start": 0, "end": 25}}
     assert meta["objects"] == sorted({d.object_id for d in topic.descriptors} | {"wal"})
+    by_reason = meta["counts"].pop("quarantine_by_reason")
     assert meta["counts"] == {"rows": 25, "target": 21, "quarantine": 4}
+    # rows quarantined by reason (what the console's pipeline page shows): "decode", or the
+    # expectations a row failed, joined with " & "
+    quarantined_for = Counter("decode" if r["_decode_error"] else " & ".join(sorted(r["_failed_expectations"]))
+                              for r in quarantine)
+    assert {" & ".join(sorted(k.split(" & "))): n for k, n in by_reason.items()} == dict(quarantined_for)
     observed = [p.observedMetrics[OBSERVED_INPUT] for p in runner.query.recentProgress if p.numInputRows]
     assert sum(m["rows_in"] for m in observed) == 25
     assert sum(m["payload_bytes_in"] for m in observed) == sum(len(payload(o)) for o in range(25))
