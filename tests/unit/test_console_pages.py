@@ -7,6 +7,7 @@ without its token (refused, nothing sent)."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import re
 
@@ -29,6 +30,23 @@ from tests.topic_builder import TopicBuilder
 pytestmark = pytest.mark.unit
 
 SCHEMA = {"type": "object", "properties": {"order_id": {"type": "string"}}}
+AVRO_SCHEMA = {"type": "record", "name": "Payment",
+               "fields": [{"name": "order_id", "type": "string"}, {"name": "amount", "type": "long"}]}
+
+
+def avro_long(n: int) -> bytes:
+    """Avro's int/long encoding (zig-zag, then a base-128 varint), written here by hand so the
+    test pins the wire format rather than the library that decodes it."""
+    z, out = (n << 1) ^ (n >> 63), bytearray()
+    while z > 0x7F:
+        out.append(z & 0x7F | 0x80)
+        z >>= 7
+    return bytes(out + bytes([z]))
+
+
+def avro_payment(order_id: str, amount: int) -> bytes:
+    text = order_id.encode()
+    return avro_long(len(text)) + text + avro_long(amount)
 
 
 @pytest.fixture
@@ -108,6 +126,43 @@ def test_browser_reads_one_page_across_objects_and_wal_decoding_with_the_schema(
     assert "&#34;order_id&#34;: &#34;o-15&#34;" in page.text or '"order_id": "o-15"' in page.text
     raw = client.get("/topics/default/raw/messages")
     assert raw.status_code == 200 and 'data-shown="hex"' in raw.text and "00 ff 00" in raw.text
+
+
+def message_row(page: str, offset: int) -> str:
+    """The unescaped cells of the browser's row for `offset`."""
+    row = re.search(rf'<tr data-offset="{offset}">(.*?)</tr>', page, re.S)
+    assert row, f"no row for offset {offset}"
+    return html.unescape(row.group(1))
+
+
+def shown_payload(row: str) -> tuple[str, str]:
+    found = re.search(r'<pre class="payload" data-shown="(\w+)">(.*?)</pre>', row, re.S)
+    assert found, f"no payload in {row}"
+    return found.group(1), found.group(2)
+
+
+def test_browser_decodes_avro_payloads_and_shows_one_its_schema_does_not_read_as_hex_with_the_error(
+        platform, tmp_path):
+    metadata, store, _ = platform
+    register_schema(metadata, "payments", "Avro", json.dumps(AVRO_SCHEMA))
+    topic = TopicBuilder(metadata, store, str(tmp_path / "wal"), "/default/payments", broker_id=7)
+    truncated = avro_long(16) + b"ab"  # a 16-byte order_id of which 2 bytes are there
+    topic.append(6, payload=lambda o: truncated if o == 3 else avro_payment(f"p-{o}", o * 1000))
+    topic.upload()
+    metadata.put(keys.schema_subject_key("/default/payments"), dump_json("payments"))
+    page = client_for(metadata, store).get("/topics/default/payments/messages")
+    assert page.status_code == 200
+    # the builder's odd offsets name no schema version: they take the topic's subject's latest
+    for offset in (1, 5):
+        row = message_row(page.text, offset)
+        shown, payload = shown_payload(row)
+        assert shown == "json" and "payments v1 (Avro)" in row
+        assert json.loads(payload) == {"order_id": f"p-{offset}", "amount": offset * 1000}
+        assert payload.index('"order_id"') < payload.index('"amount"')  # the schema's field order
+        assert 'class="note"' not in row
+    bad = message_row(page.text, 3)
+    assert shown_payload(bad) == ("hex", "20 61 62")  # hex although " ab" is printable text
+    assert "not Avro data of its schema: EOFError" in bad and "payments v1 (Avro)" in bad
 
 
 def test_deleted_topic_page_says_so(platform):

@@ -3,11 +3,14 @@ payload display, and the lag history's bound."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from console.config import load_console_config
 from console.lag_history import LagHistory
 from console.message_view import show_payload
+from tests.unit.test_console_pages import avro_long
 from console.metrics_scrape import Sample, Scrape, histogram_quantile, metrics_url
 from console.topics import SubscriptionRow
 from danube_core.errors import ConfigError
@@ -64,7 +67,43 @@ def test_payload_shown_decoded_as_text_or_as_hex():
     assert shown == "text" and "not JSON" in note
     assert show_payload(b"plain words", None) == ("text", "plain words", None)
     assert show_payload(b"\x00\xff", None)[:2] == ("hex", "00 ff")
-    assert "Avro payloads are not decoded" in show_payload(b"\x02", SchemaDef("Avro", "{}", "f"))[2]
+
+
+AVRO_EVENT = {"type": "record", "name": "Event", "fields": [
+    {"name": "id", "type": "string"},
+    {"name": "raw", "type": "bytes"},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "note", "type": ["null", "string"]},
+]}
+
+
+def test_avro_payload_shown_as_json_with_bytes_as_hex_and_times_in_iso_8601():
+    schema = SchemaDef("Avro", json.dumps(AVRO_EVENT), "f")
+    payload = b"\x04ab" + b"\x04\x00\xff" + avro_long(1_700_000_000_000) + b"\x02\x04hi"
+    shown, text, note = show_payload(payload, schema)
+    assert (shown, note) == ("json", None)
+    assert json.loads(text) == {"id": "ab", "raw": "00 ff", "at": "2023-11-14T22:13:20+00:00", "note": "hi"}
+    shown, text, note = show_payload(payload + b"\x00", schema)  # decodes, with a byte the schema leaves
+    assert shown == "json" and json.loads(text)["id"] == "ab" and note.startswith("1 byte(s) left after the record")
+
+
+def test_avro_payload_its_schema_does_not_read_is_shown_as_hex_with_the_error():
+    schema = SchemaDef("Avro", json.dumps(AVRO_EVENT), "f")
+    wrong_branch = b"\x04ab\x04\x00\xff" + avro_long(0) + b"\x08"  # union branch 4 of 2
+    shown, text, note = show_payload(wrong_branch, schema)
+    assert (shown, text) == ("hex", wrong_branch.hex(" "))
+    assert note.startswith("not Avro data of its schema: IndexError")
+    assert show_payload(b"", schema)[2] == "not Avro data of its schema: EOFError"
+    unknown_type = {"type": "record", "name": "R", "fields": [{"name": "x", "type": "Missing"}]}
+    unparsable = show_payload(b"ok", SchemaDef("Avro", json.dumps(unknown_type), "f"))
+    assert unparsable[:2] == ("hex", "6f 6b")
+    assert unparsable[2].startswith("its Avro schema does not parse: UnknownType")
+
+
+def test_protobuf_payload_shown_as_bytes_saying_the_proto_needs_compiling():
+    proto = SchemaDef("Protobuf", 'syntax = "proto3"; message DefaultMessage { string s = 1; }', "f", "DefaultMessage")
+    assert show_payload(b"\x0a\x02hi", proto) == (
+        "hex", "0a 02 68 69", "Protobuf payloads are shown as bytes: decoding needs the .proto compiled")
 
 
 def test_lag_history_keeps_the_last_samples():
