@@ -1,7 +1,7 @@
 """Benchmark: the speed layer's control plane at scale (issue 26): 100 workers, 2,000 datasets.
 
 Usage: python bench/bench_speedlayer_scale.py [--workers 100] [--datasets 2000] [--replication 2]
-       [--masters 3] [--per-process 33] [--watchers 3] [--out speedlayer_scale]
+       [--masters 3] [--per-process 33] [--watchers 3] [--out speedlayer_scale] [--profile]
 
 Real etcd (one of its own), `--masters` real master processes, and `--workers` simulated
 workers (`bench/speedlayer_agents.py`: the product's worker agent, speaking the real
@@ -24,7 +24,9 @@ Measured, in order:
   worker lease TTL + reassignment delay);
 * masters' RSS (peak), CPU seconds of every process, watch events per watcher per admission.
 
-Writes bench/results/<out>.json.
+Writes bench/results/<out>.json. `--profile`: py-spy on the leader master during the admissions
+(the functions with the most CPU samples, in the JSON's `leader_profile`); the timings of a
+profiled run are not the benchmark's figures.
 """
 
 from __future__ import annotations
@@ -209,12 +211,22 @@ class ScaleRun:
         client.admit(delta_request(TENANT, "warmup", self.table))
         events_before = watchers.total()
         cpu_before = {n: proc_cpu_s(p) for n, p in self.master_pids().items()}
-        admit_ms = []
+        admit_ms: list[float] = []
         started = time.perf_counter()
-        for index in range(self.datasets - 1):
-            t0 = time.perf_counter()
-            client.admit(delta_request(TENANT, f"ds{index}", self.table))
-            admit_ms.append((time.perf_counter() - t0) * 1000)
+
+        def admit_all() -> None:
+            for index in range(self.datasets - 1):
+                t0 = time.perf_counter()
+                client.admit(delta_request(TENANT, f"ds{index}", self.table))
+                admit_ms.append((time.perf_counter() - t0) * 1000)
+
+        if self.args.profile:  # py-spy on the leader: where its CPU goes (the figures of such a run are not kept)
+            from pyspy_profile import profile_processes
+
+            leader_pid = self.master_pids()[self.cluster.leader_id() or ""]
+            self.report["leader_profile"] = profile_processes([leader_pid], admit_all, top=30)
+        else:
+            admit_all()
         wall = time.perf_counter() - started
         wait_for(lambda: all_ready(self.store, self.keys, self.datasets, self.replication), DEADLINE_S, 0.5)
         ready_s = time.perf_counter() - started
@@ -371,6 +383,8 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=1.0, help="reassignment delay, seconds")
     parser.add_argument("--rest", type=float, default=10.0, help="the idle window, seconds")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy on the leader during the admissions (JSON: leader_profile); its timings are not figures")
     parser.add_argument("--out", default="speedlayer_scale")
     args = parser.parse_args()
     load_start = round(os.getloadavg()[0], 2)

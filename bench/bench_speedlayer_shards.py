@@ -1,6 +1,7 @@
 """Benchmark: a sharded dataset (4 shards on 4 workers, merged at the gateway) vs the same table whole.
 
 Usage: python bench/bench_speedlayer_shards.py [--rows 2000000] [--days 8] [--samples 60]
+       [--worker-memory-mb 2048] [--worker-threads 1]
 
 Writes one Delta table partitioned by `day` (deltalake), starts a real etcd and an embedded speed
 layer (one master, four workers, one gateway; each a process) and admits the table twice, in
@@ -10,11 +11,18 @@ of its estimate: 4 shards, one per worker). Replication 1 for both, so each quer
 row once. Then, alternating the two forms query by query so that both see the same load:
 
 * a group-by over the whole table (every shard asked, partial aggregates merged at the gateway);
-* a partition-pruned point query (`day = ...` and a customer: one shard asked).
+* a partition-pruned point query (`day = ...` and a customer: one shard asked);
+* then (`--gather-samples`, no goal) a shape that does not decompose, `count(DISTINCT customer)`
+  and `median(amount)` of a tenth of the rows, gathered from all 4 shards and run at the gateway
+  (the tenant's `gather_max_bytes` raised to twice the table's estimate for it), against the
+  whole copy. A tenth: each shard then sends about 0.5 M rows, under a worker's default answer
+  cap of 1 M rows, which bounds what a gather may fetch from one shard.
 
 Goals (issue 26): sharded group-by p50 <= 1.5x whole, pruned point query p50 <= 1.2x whole, and
 the same answers. Reports the load average, CPU seconds of the process tree and wall seconds per
-phase. Writes bench/results/speedlayer_shards.json.
+phase, the whole copy's estimate against what one worker may hold (0.8 x --worker-memory-mb: the
+run stops if the whole copy would itself be sharded), and each process's peak RSS. Writes
+bench/results/speedlayer_shards.json.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ TENANT = "bench"
 GROUP_SQL = ("SELECT day, count(*) AS orders, sum(amount) AS amount, avg(items) AS items, max(customer) AS last "
              "FROM {dataset} GROUP BY day ORDER BY day")
 POINT_SQL = "SELECT count(*) AS orders, sum(amount) AS amount FROM {dataset} WHERE day = '{day}' AND customer = '{customer}'"
+GATHER_SQL = ("SELECT count(DISTINCT customer) AS customers, median(amount) AS amount FROM {dataset} "
+              "WHERE items = 1 AND amount < 250")
 
 
 def write_orders(path: str, rows: int, days: int) -> None:
@@ -62,7 +72,19 @@ def p50(samples: list[float]) -> float:
     return round(statistics.median(samples), 2)
 
 
-def run(rows: int, days: int, samples: int, root: Path) -> dict:
+def peak_rss_mb(pid: int) -> float:
+    """A live process's peak resident memory (VmHWM), MiB; 0 if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
+def run(rows: int, days: int, samples: int, root: Path, worker_memory_mb: int = 2048, worker_threads: int = 1,
+        gather_samples: int = 3) -> dict:
     from danube_core.metadata_etcd import EtcdMetadataStore
     from devstack.embedded_etcd import EmbeddedEtcd
     from devstack.speedlayer_stack import EmbeddedSpeedLayer
@@ -80,18 +102,22 @@ def run(rows: int, days: int, samples: int, root: Path) -> dict:
     keys = SpeedLayerKeys(root="/speedlayer")
     try:
         with Phase("start_admit_whole", phases):
-            layer.start(workers=4, worker_memory_mb=2048, worker_threads=1)
-            layer.admit("orders_whole", table, replication=1)
+            layer.start(workers=4, worker_memory_mb=worker_memory_mb, worker_threads=worker_threads)
+            layer.admit("orders_whole", table, replication=1, timeout_s=600)
             layer.wait_queryable("orders_whole")
         status = layer._client.status(TENANT, "orders_whole").epochs[0]
         estimate = status.estimated_memory_bytes
+        one_worker = int(worker_memory_mb * 1024 * 1024 * 0.8)  # master.sharding.WORKER_SHARE
+        if status.message.startswith("sharded") or estimate > one_worker:
+            raise RuntimeError(f"the whole copy ({estimate} bytes estimated) does not fit one worker ({one_worker} "
+                               f"bytes of {worker_memory_mb} MiB): raise --worker-memory-mb")
         metadata.put(keys.tenant_config(TENANT), TenantConfig(shard_max_bytes=int(estimate / 4 * 1.1)).to_json())
         time.sleep(1.0)  # the master's watch of the tenant config
         with Phase("admit_sharded", phases):
             reply = layer._client.admit(_request("orders_sharded", table))
             if reply.status not in ("ASSIGNED", "PLANNED"):
                 raise RuntimeError(f"admission of the sharded form refused: {reply.status} {reply.message}")
-            layer.wait_queryable("orders_sharded", timeout_s=120)
+            layer.wait_queryable("orders_sharded", timeout_s=600)
         shards = [e for e in layer._client.status(TENANT, "orders_sharded").epochs if e.kind == "shard"]
         placement = {e.epoch_id: [r.worker_id for r in e.replicas if r.state == "READY"] for e in shards}
         rng = random.Random(3)
@@ -110,15 +136,41 @@ def run(rows: int, days: int, samples: int, root: Path) -> dict:
                     started = time.perf_counter()
                     client.query(f"orders_{form}", sql)
                     timings[f"{kind}_{form}"].append((time.perf_counter() - started) * 1000)
+        metadata.put(keys.tenant_config(TENANT), TenantConfig(shard_max_bytes=int(estimate / 4 * 1.1),
+                                                              gather_max_bytes=2 * estimate).to_json())
+        time.sleep(1.0)  # the gateway's watch of the tenant config
+        timings.update(gather_whole=[], gather_sharded=[])
+        note = ""
+        with Phase("gather_queries", phases), QueryClient(layer.gateway, TENANT, client_id="bench") as client:
+            try:
+                for i in range(gather_samples):
+                    answers = []
+                    for form in (("whole", "sharded") if i % 2 else ("sharded", "whole")):
+                        started = time.perf_counter()
+                        answer = client.query(f"orders_{form}", GATHER_SQL.format(dataset=f"orders_{form}"))
+                        timings[f"gather_{form}"].append((time.perf_counter() - started) * 1000)
+                        answers.append(answer.to_pylist())
+                        note = (answer.schema.metadata or {}).get(b"speedlayer.note", b"").decode() or note
+                    if not _same(*answers) or not note.startswith("gathered 4 of 4 shards"):
+                        raise RuntimeError(f"not gathered, or another answer: {answers} ({note!r})")
+            except Exception as exc:  # reported with the figures measured before it
+                note = f"gather failed: {exc!r}"
+                timings.update(gather_whole=[], gather_sharded=[])
+        peak_rss = {"bench": peak_rss_mb(os.getpid()),
+                    **{name: peak_rss_mb(process.pid) for name, process in layer.processes.items()}}
     finally:
         metadata.close()
         layer.stop()
         etcd.stop()
-    medians = {k: p50(v) for k, v in timings.items()}
-    return {"rows": rows, "days": days, "estimated_memory_bytes": estimate, "shards": placement,
+    medians = {k: p50(v) for k, v in timings.items() if v}
+    return {"rows": rows, "days": days, "estimated_memory_bytes": estimate, "one_worker_bytes": one_worker,
+            "worker_memory_mb": worker_memory_mb, "worker_threads": worker_threads, "peak_rss_mb": peak_rss,
+            "whole_on": [r.worker_id for r in status.replicas if r.state == "READY"], "shards": placement,
             "p50_ms": medians, "samples": {k: len(v) for k, v in timings.items()},
             "ratio_group": round(medians["group_sharded"] / medians["group_whole"], 2),
-            "ratio_point": round(medians["point_sharded"] / medians["point_whole"], 2), "phases": phases}
+            "ratio_point": round(medians["point_sharded"] / medians["point_whole"], 2),
+            "ratio_gather": round(medians["gather_sharded"] / medians["gather_whole"], 2)
+            if timings["gather_sharded"] else None, "gather_note": note, "phases": phases}
 
 
 def _request(dataset: str, table: str):
@@ -138,14 +190,20 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--days", type=int, default=8)
     parser.add_argument("--samples", type=int, default=60, help="group-by samples per form (point: twice as many)")
+    parser.add_argument("--worker-memory-mb", type=int, default=2048,
+                        help="each worker's memory: 0.8x of it must hold the whole copy")
+    parser.add_argument("--worker-threads", type=int, default=1, help="DuckDB threads per worker")
+    parser.add_argument("--gather-samples", type=int, default=3, help="gathered count DISTINCT/median samples per form")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-speedlayer-shards-"))
+    load_start = round(os.getloadavg()[0], 2)
     cpu0, wall0 = tree_cpu_s(), time.perf_counter()
     try:
-        report = run(args.rows, args.days, args.samples, root)
+        report = run(args.rows, args.days, args.samples, root, args.worker_memory_mb, args.worker_threads,
+                     args.gather_samples)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    report.update(machine=machine_info(), cpu_s=round(tree_cpu_s() - cpu0, 1),
+    report.update(machine=machine_info(), cpu_s=round(tree_cpu_s() - cpu0, 1), load_1m_start=load_start,
                   wall_s=round(time.perf_counter() - wall0, 1), load_1m_end=round(os.getloadavg()[0], 2))
     medians = report["p50_ms"]
     rows = [{"query": q, "whole": medians[f"{q}_whole"], "sharded": medians[f"{q}_sharded"],
@@ -153,8 +211,12 @@ def main() -> int:
             for q, goal in (("group", GROUP_GOAL), ("point", POINT_GOAL))]
     print_table(rows, [Column("query", "query"), Column("whole p50 ms", "whole"), Column("4 shards p50 ms", "sharded"),
                        Column("sharded/whole", "ratio"), Column("goal <=", "goal"), Column("met", "met")],
-                title=f"{args.rows} rows, {args.days} days; load {report['load_1m_end']}, "
+                title=f"{args.rows} rows, {args.days} days; load {load_start} -> {report['load_1m_end']}, "
                       f"{report['cpu_s']} CPU s, {report['wall_s']} s wall")
+    if report["ratio_gather"] is not None:
+        print(f"count(DISTINCT)/median gathered from 4 shards: p50 {medians['gather_sharded']} ms, whole "
+              f"{medians['gather_whole']} ms ({report['ratio_gather']}x; no goal)")
+    print(report["gather_note"])
     report["goals_met"] = all(r["met"] for r in rows)
     write_results("speedlayer_shards", report)
     return 0

@@ -168,6 +168,9 @@ class AssignmentRecord:
         return bool(staying) and all(r.state in (R_READY, R_FAILED) for r in staying)
 
 
+DEFAULT_GATHER_MAX_BYTES = 256 * 1024 * 1024  # TenantConfig.gather_max_bytes when a tenant sets none
+
+
 @dataclass(frozen=True)
 class TenantConfig:
     """`/tenants/{tenant}/config`. `memory_quota_bytes` 0: no tenant limit. `source_roots`:
@@ -180,6 +183,11 @@ class TenantConfig:
     # An epoch estimated above this is split into shards of at most about this much each.
     # 0: derived from the tenant's workers (`master.sharding.shard_limit`).
     shard_max_bytes: int = 0
+    # A query on a sharded epoch that cannot be combined from the shards' answers (count DISTINCT,
+    # median, window functions, joins, ...) is run whole at the gateway when the shards it reads
+    # are estimated at no more than this in memory (their rows it needs are gathered there);
+    # 0: never gather, such a query is refused.
+    gather_max_bytes: int = DEFAULT_GATHER_MAX_BYTES
 
     def to_json(self) -> bytes:
         return dump({**asdict(self), "source_roots": list(self.source_roots)})
@@ -195,7 +203,8 @@ class TenantConfig:
                        source_roots=tuple(str(r) for r in value.get("source_roots", ())),
                        replication_factor=int(value.get("replication_factor", 0)),
                        epoch_ttl_s=float(value.get("epoch_ttl_s", 0.0)),
-                       shard_max_bytes=int(value.get("shard_max_bytes", 0)))
+                       shard_max_bytes=int(value.get("shard_max_bytes", 0)),
+                       gather_max_bytes=int(value.get("gather_max_bytes", DEFAULT_GATHER_MAX_BYTES)))
         except (TypeError, ValueError) as exc:
             raise MetadataError(f"{key}: not a tenant config: {exc}") from exc
 

@@ -45,7 +45,7 @@ from danube_core.metadata import MetadataStore, WatchEvent
 
 from speedlayer.errors import NotFoundError, ReplicaUnavailableError, TenantIsolationError, unknown_tenant
 from speedlayer.keys import SpeedLayerKeys
-from speedlayer.records import FAILED, R_READY, AssignmentRecord, WorkerRecord
+from speedlayer.records import FAILED, R_READY, AssignmentRecord, TenantConfig, WorkerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +64,13 @@ class ReplicaEndpoint:
 @dataclass(frozen=True)
 class ShardRoute:
     """One shard of a sharded epoch: its epoch id on the workers, the partition values its
-    files hold (column -> values), and its READY replicas in the order to try."""
+    files hold (column -> values), its READY replicas in the order to try, and its estimated
+    memory (what gathering all of it to the gateway would hold at most)."""
 
     epoch: str
     values: dict[str, list[str]]
     replicas: tuple[ReplicaEndpoint, ...]
+    estimated_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -258,10 +260,23 @@ class RoutingTable:
                                               f"shard has a READY replica ({record.ready_shards} of "
                                               f"{len(record.shards)} shards READY)")
             return Route(tenant, dataset, record.epoch, record.version, (),
-                         tuple(ShardRoute(s.epoch, s.shard_values, ordered(r)) for s, r in shards))
+                         tuple(ShardRoute(s.epoch, s.shard_values, ordered(r), s.estimated_memory_bytes)
+                               for s, r in shards))
         if not replicas:
             raise ReplicaUnavailableError(f"dataset {dataset!r} epoch {record.epoch} has no READY replica")
         return Route(tenant, dataset, record.epoch, record.version, ordered(replicas))
+
+    def tenant_config(self, tenant: str) -> TenantConfig:
+        """`/tenants/{tenant}/config` as last seen (the defaults when there is none, or it is not
+        a config: the master refuses such a value too)."""
+        raw = self._tenants.get(self._keys.tenant_config(tenant))
+        if raw is None:
+            return TenantConfig()
+        try:
+            return TenantConfig.from_json(raw, self._keys.tenant_config(tenant))
+        except MetadataError as exc:
+            logger.warning("ignoring %s", exc)
+            return TenantConfig()
 
     def known_tenant(self, tenant: str) -> bool:
         """The speed layer has something of `tenant`: an epoch, a worker (live, or seen by this

@@ -10,7 +10,9 @@ first `retry_buffer_bytes` of an answer are read before anything is sent on; a l
 then streams through and cannot be retried once it has started. Errors that would be the same
 on any replica (bad SQL, limits, deadline, another tenant's dataset) are returned at once.
 A sharded epoch's query goes to one replica of each shard that may hold matching rows, each
-retried like this, and the partial answers are merged here (`scatter`).
+retried like this, and the partial answers are merged here (`scatter`); a query whose shape does
+not combine from partial answers is run here on the rows it needs, gathered from those shards,
+when they fit the tenant's `gather_max_bytes`.
 
 The same service speaks Arrow Flight SQL (`speedlayer.gateway.flight_sql`): a ticket that is
 not the native JSON, every `GetFlightInfo`, `GetSchema`, `DoPut` and `DoAction`, and the
@@ -63,7 +65,7 @@ class GatewayFlightServer(flight.FlightServerBase):
         self.limits = QueryLimits(config.max_result_rows, config.max_result_bytes, config.query_timeout_ms)
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
-        self.scatter = ShardScatter(self._forward)
+        self.scatter = ShardScatter(self._forward, lambda tenant: routing.tenant_config(tenant).gather_max_bytes)
 
     def shutdown(self) -> None:
         super().shutdown()

@@ -28,7 +28,9 @@ class DesiredEpochs:
     superseded: frozenset[tuple[str, str, str]] = frozenset()
 
     @classmethod
-    def of(cls, records: list[AssignmentRecord]) -> "DesiredEpochs":
+    def of(cls, records: list[AssignmentRecord],
+           superseded: frozenset[tuple[str, str, str]] | None = None) -> "DesiredEpochs":
+        """`superseded`: `superseded_keys(records)` if known (the leader keeps it per change)."""
         by_worker: dict[WorkerKey, dict[str, AssignmentRecord]] = {}
         for record in sorted(records, key=lambda r: r.order):
             if not record.live:
@@ -36,7 +38,7 @@ class DesiredEpochs:
             ref = f"{record.dataset}/{record.epoch}"
             for worker in record.replicas:
                 by_worker.setdefault((record.tenant, worker), {})[ref] = record
-        return cls(by_worker, frozenset(superseded_keys(records)))
+        return cls(by_worker, superseded if superseded is not None else frozenset(superseded_keys(records)))
 
     def of_worker(self, key: WorkerKey) -> dict[str, AssignmentRecord]:
         return self.by_worker.get(key, {})

@@ -86,6 +86,19 @@ def _charge(pool: dict[str, Candidate], worker: str, size: int, sign: int = 1) -
                            epoch_count=c.epoch_count + sign)
 
 
+def _donor_and_taker(load: dict[str, int]) -> tuple[str, str]:
+    return max(load, key=lambda w: (load[w], w)), min(load, key=lambda w: (load[w], w))
+
+
+def balanced(load: dict[str, int]) -> bool:
+    """`_balance`'s test on replica counts per worker (two or more): nothing to move when the
+    fullest is within ceil(mean) and the emptiest within floor(mean), or they differ by one."""
+    total = sum(load.values())
+    high, low = math.ceil(total / len(load)), math.floor(total / len(load))
+    donor, taker = _donor_and_taker(load)
+    return load[donor] <= high and load[taker] >= low or load[donor] - load[taker] <= 1
+
+
 def _balance(epochs: list[EpochPlacement], placed: dict[str, tuple[str, ...]], pool: dict[str, Candidate]) -> None:
     targets = sorted(w for w, c in pool.items() if not c.draining)
     if len(targets) < 2:
@@ -98,12 +111,9 @@ def _balance(epochs: list[EpochPlacement], placed: dict[str, tuple[str, ...]], p
             for w in workers:
                 if w in load:
                     load[w] += 1
-        total = sum(load.values())
-        high, low = math.ceil(total / len(targets)), math.floor(total / len(targets))
-        donor = max(targets, key=lambda w: (load[w], w))
-        taker = min(targets, key=lambda w: (load[w], w))
-        if load[donor] <= high and load[taker] >= low or load[donor] - load[taker] <= 1:
+        if balanced(load):
             return
+        donor, taker = _donor_and_taker(load)
         movable = sorted(k for k, ws in placed.items() if donor in ws and taker not in ws
                          and taker not in excluded[k] and pool[taker].fits(sizes[k]))
         if not movable:

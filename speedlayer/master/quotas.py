@@ -35,14 +35,19 @@ def tenant_usage(records: list[AssignmentRecord], tenant: str) -> int:
 def check_quotas(records: list[AssignmentRecord], tenant: str, tenant_config: TenantConfig,
                  global_config: GlobalConfig, new_bytes: int) -> None:
     """PreconditionError (FAILED_PRECONDITION) naming the budget `new_bytes` would exceed."""
-    used = tenant_usage(records, tenant)
+    check_usage(tenant_usage(records, tenant), usage(records), tenant, tenant_config, global_config, new_bytes)
+
+
+def check_usage(used: int, total: int, tenant: str, tenant_config: TenantConfig, global_config: GlobalConfig,
+                new_bytes: int) -> None:
+    """`check_quotas` with the tenant's and the cluster's usage known (the leader keeps them
+    per change: `RecordIndex.usage`)."""
     limit = tenant_config.memory_quota_bytes
     if limit > 0 and used + new_bytes > limit:
         raise PreconditionError(
             f"tenant {tenant} memory quota exceeded: {used} bytes in use + {new_bytes} estimated "
             f"for this epoch (replicas included) > quota {limit} bytes (/tenants/{tenant}/config)"
         )
-    total = usage(records)
     limit = global_config.memory_quota_bytes
     if limit > 0 and total + new_bytes > limit:
         raise PreconditionError(

@@ -18,10 +18,12 @@ from typing import Callable
 from danube_core.errors import DanubeError
 
 from speedlayer.master.desired import DesiredEpochs
-from speedlayer.master.lifecycle import evictions, superseded_keys
+from speedlayer.master.lifecycle import evictions
 from speedlayer.master.load_failures import failed_everywhere, replication_target, retire_failed_replicas
-from speedlayer.master.placement import EpochPlacement, next_placement
-from speedlayer.master.quotas import footprint
+from speedlayer.master.placement import EpochPlacement, balanced, next_placement
+from speedlayer.master.record_index import EPOCH_STATUSES, epoch_counts, worker_loads_of
+
+__all__ = ["EPOCH_STATUSES", "Reconciler", "candidates_from", "candidates_of", "epoch_counts", "placed_as_is"]
 from speedlayer.master.sharded_epochs import cascaded, rolled_up
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
@@ -29,13 +31,14 @@ from speedlayer.master.worker_streams import StreamRegistry, WorkerSession
 from speedlayer.observability.audit import AuditEvent, AuditLogger
 from speedlayer.observability.metrics import EVICTIONS, WORKERS_REGISTERED, set_epoch_counts
 from speedlayer.records import (
-    ASSIGNED, EVICTED, FAILED, PENDING, PLANNED, R_FAILED, R_READY, AssignmentRecord, ReplicaRecord, WorkerRecord,
+    ASSIGNED, EVICTED, FAILED, PLANNED, R_FAILED, R_READY, AssignmentRecord, ReplicaRecord, WorkerRecord,
 )
 
 logger = logging.getLogger(__name__)
 
 IDLE_CHECK_S = 1.0
 MAX_REST_S = 0.5  # the longest rest after a pass (see Reconciler._run)
+EXPORT_INTERVAL_S = 1.0  # the epoch gauges are set at most this often (Reconciler._export_counts)
 
 
 def candidates_of(records: list[AssignmentRecord], sessions: list[WorkerSession],
@@ -44,39 +47,44 @@ def candidates_of(records: list[AssignmentRecord], sessions: list[WorkerSession]
     """Live workers as placement candidates, with what records already put on them: those
     connected here, and those still registered in etcd (e.g. reconnecting after a leader
     change: they get their plans when they connect)."""
-    assigned: dict[tuple[str, str], tuple[int, int]] = {}
-    by_epoch = {(r.tenant, r.dataset, r.epoch): r for r in records}
-    for record in records:
-        if record.live:
-            share = footprint(record, by_epoch.get((record.tenant, record.dataset, record.base_epoch)))
-            share //= max(1, record.replication)
-            if record.shard_of:  # a shard's memory is its own (quotas count it with its epoch)
-                share = record.estimated_memory_bytes
-            for worker in record.replicas:
-                size, count = assigned.get((record.tenant, worker), (0, 0))
-                assigned[(record.tenant, worker)] = (size + share, count + 1)
+    return candidates_from(worker_loads_of(records), sessions, registered, draining)
+
+
+def candidates_from(loads: dict[tuple[str, str], tuple[int, int]], sessions: list[WorkerSession],
+                    registered: dict[tuple[str, str], WorkerRecord],
+                    draining: set[tuple[str, str]]) -> list[Candidate]:
+    """`candidates_of` with the workers' loads ((tenant, worker) -> (bytes, replicas)) known:
+    the leader keeps them per change (`ClusterState.worker_loads`)."""
     memory = {key: w.memory_bytes for key, w in registered.items()}
     memory.update({s.key: s.capacity.memory_bytes for s in sessions if not s.closed})
     return [Candidate(worker_id=key[1], tenant=key[0], memory_bytes=size,
-                      assigned_bytes=assigned.get(key, (0, 0))[0], epoch_count=assigned.get(key, (0, 0))[1],
+                      assigned_bytes=loads.get(key, (0, 0))[0], epoch_count=loads.get(key, (0, 0))[1],
                       draining=key in draining)
             for key, size in sorted(memory.items())]
 
 
-EPOCH_STATUSES = (PENDING, PLANNED, ASSIGNED, FAILED, EVICTED)
-
-
-def epoch_counts(records: list[AssignmentRecord]) -> dict[tuple[str, str, str], int]:
-    """(tenant, dataset, status) -> epochs, every status of a dataset present (zeros included),
-    so a dataset's FAILED count drops to 0 rather than vanishing when the epoch is retired.
-    Pass the epochs' records or the shards' (a sharded epoch's shards are not epochs)."""
-    counts: dict[tuple[str, str, str], int] = {}
-    for tenant, dataset in {(r.tenant, r.dataset) for r in records}:
-        counts.update({(tenant, dataset, status): 0 for status in EPOCH_STATUSES})
-    for record in records:
-        key = (record.tenant, record.dataset, record.status)
-        counts[key] = counts.get(key, 0) + 1
-    return counts
+def placed_as_is(counts: dict[tuple[str, str], int], short: list[AssignmentRecord], candidates: list[Candidate],
+                 keep: set[tuple[str, str]], max_failures: int) -> bool:
+    """True when `next_placement` would change nothing, decided from the leader's index in
+    O(workers + epochs short of replicas) (`counts`, `short`: `RecordIndex.placement_counts`
+    and `.short`): no placed epoch is short of its replication target, none stays on a worker
+    that is neither usable (a candidate, not draining) nor kept, and each tenant's counts per
+    worker already pass `_balance`'s test. Else the full placement runs (which may still change
+    nothing, e.g. for an epoch no worker has room for)."""
+    if any(len(r.staying()) < replication_target(r, max_failures) for r in short):
+        return False
+    pools: dict[str, dict[str, Candidate]] = {}
+    for c in candidates:
+        pools.setdefault(c.tenant, {})[c.worker_id] = c
+    for tenant, worker in counts:
+        candidate = pools.get(tenant, {}).get(worker)
+        if (candidate is None or candidate.draining) and (tenant, worker) not in keep:
+            return False
+    for tenant in {tenant for tenant, _ in counts}:
+        targets = sorted(w for w, c in pools.get(tenant, {}).items() if not c.draining)
+        if len(targets) >= 2 and not balanced({w: counts.get((tenant, w), 0) for w in targets}):
+            return False
+    return True
 
 
 class Reconciler:
@@ -93,6 +101,11 @@ class Reconciler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
         self._exported_counts: tuple[dict, dict] | None = None
+        self._settled_at: tuple[int, int] | None = None  # the state's generation after a pass with no clock pending
+        self._placements: dict[str, tuple[AssignmentRecord, int, EpochPlacement]] = {}
+        self._desired: dict[tuple[str, str], dict[str, AssignmentRecord]] = {}  # DesiredEpochs.by_worker, kept
+        self._counts_generation = -1
+        self._exported_at = -EXPORT_INTERVAL_S  # monotonic time the epoch gauges were last set
 
     def start(self) -> None:
         self._thread.start()
@@ -107,27 +120,42 @@ class Reconciler:
         self._wake.set()
 
     def _run(self) -> None:
+        woken = True
         while not self._stop.is_set():
             self._wake.clear()
             timeout = IDLE_CHECK_S
             started = time.monotonic()
+            if not woken and self._quiet():
+                self._wake.wait(timeout)  # the idle check with nothing to look at: no pass
+                woken = self._wake.is_set()
+                continue
             try:
                 timeout = self.run_once()
             except DanubeError as exc:
+                self._settled_at = None
                 logger.warning("reconciliation pass failed, retrying: %s", exc)
             except Exception:
+                self._settled_at = None
                 logger.exception("reconciliation pass failed")
-            # A pass is O(records); woken by every change it would run back to back under a
-            # stream of admissions and status reports, holding the GIL from the gRPC threads.
-            # Resting as long as the pass took keeps it to half a core; changes meanwhile are
-            # taken by the next pass together.
+            # Woken by every change, passes would run back to back under a stream of admissions
+            # and status reports, holding the GIL from the gRPC threads. Resting as long as the
+            # pass took keeps it to half a core; changes meanwhile are taken by the next pass
+            # together. (A pass reads what it needs from the records' index, O(workers) plus the
+            # records that changed, unless placement has something to do: then O(records).)
             self._stop.wait(min(time.monotonic() - started, MAX_REST_S))
-            self._wake.wait(timeout)
+            woken = self._wake.wait(timeout)
+
+    def _quiet(self) -> bool:
+        """Whether an idle check (not woken) may skip its pass: the last pass ended with nothing
+        waiting on the clock (a lost worker's grace period, the takeover window, a superseded
+        epoch's TTL, an EVICTED record's retention) and no record, worker or drain changed
+        since. Everything else that moves epochs (sessions, configs, admissions) wakes the loop."""
+        return self._settled_at is not None and self._settled_at == self._state.generation()
 
     def run_once(self) -> float:
         """One pass; returns how long to wait before the next unless woken."""
         self._retire_failed()
-        records, workers, lost_since, draining = self._state.snapshot()
+        _, workers, lost_since, draining = self._state.snapshot()
         sessions = self._registry.all()
         connected = {s.key for s in sessions if not s.closed}
         delay = self._config.global_config.reassign_delay_s
@@ -138,34 +166,76 @@ class Reconciler:
                     if (now - since < delay or k in taking_over) and k not in connected}
         keep = in_grace
         self._update_gauges(sessions)
-        records = self._apply_lifecycle(records)
-        candidates = candidates_of(records, sessions, self._state.placeable_workers(now < grace_end), draining)
-        old = superseded_keys(records)  # neither refilled nor balanced: they wait for their eviction
+        self._apply_lifecycle()
+        candidates = candidates_from(self._state.worker_loads(), sessions,
+                                     self._state.placeable_workers(now < grace_end), draining)
         max_failures = self._config.global_config.max_load_failures
-        epochs = [EpochPlacement(PlanSummary(r.tenant, r.dataset, r.epoch, r.estimated_memory_bytes),
-                                 replication_target(r, max_failures), r.staying(), frozenset(r.load_failures))
-                  for r in records if r.status in (PLANNED, ASSIGNED) and (r.tenant, r.dataset, r.epoch) not in old
-                  and not r.sharded]  # a sharded epoch's shards are placed, not the epoch
-        by_key = {f"{r.tenant}/{r.dataset}/{r.epoch}": r for r in records}
         live = set(workers) | connected
-        for key, workers_next in next_placement(epochs, candidates, keep, self._strategy()).items():
-            self._move(by_key[key], workers_next, live)
-        for record in self._state.snapshot()[0]:
-            if any(r.leaving for r in record.replicas.values()):
-                self._retire_leaving(record, live)
+        if not placed_as_is(*self._state.placement_view(), candidates, keep, max_failures):
+            records, old, _ = self._state.view()  # old: superseded, neither refilled nor balanced (evicted later)
+            placing = self._placements_of(records, old, max_failures)
+            moves = next_placement([p for _, p in placing.values()], candidates, keep, self._strategy())
+            for key, workers_next in moves.items():
+                self._move(placing[key][0], workers_next, live)
+        leaving, failing = self._state.records_named("leaving"), self._state.records_named("load_failed")
+        for record in leaving:
+            self._retire_leaving(record, live)
+        for record in failing:
             self._fail_if_unplaceable(record, max_failures)
         self._roll_up_shards()
-        desired = DesiredEpochs.of(self._state.snapshot()[0])  # once for every worker
+        for key, held in self._state.take_desired().items():  # only the workers whose epochs changed
+            if held:
+                self._desired[key] = held
+            else:
+                self._desired.pop(key, None)
+        old = self._state.superseded()
+        desired = DesiredEpochs(self._desired, old)  # once for every worker
         for session in self._registry.all():
             self.sync(session, desired)
-        records = self._state.snapshot()[0]
-        counts = (epoch_counts([r for r in records if not r.shard_of]), epoch_counts([r for r in records if r.shard_of]))
-        if counts != self._exported_counts:  # 5 series per dataset: set only when a count moved
-            set_epoch_counts(*counts)
-            self._exported_counts = counts
         waits = [max(since + delay, grace_end if k in taking_over else 0.0) - now
                  for k, since in lost_since.items() if k in in_grace]
+        export_wait = self._export_counts()
+        if export_wait is not None:
+            waits.append(export_wait)
+        timed = bool(waits) or now < grace_end or bool(old) or bool(self._state.records_named("evicted"))
+        self._settled_at = None if timed else self._state.generation()
         return max(0.05, min([IDLE_CHECK_S, *waits]))
+
+    def _export_counts(self) -> float | None:
+        """Set the epoch gauges if a count moved, at most every `EXPORT_INTERVAL_S`: setting
+        them is 5 series per dataset (10,000 at 2,000 datasets, ~40 ms), and during admissions
+        a count moves after nearly every pass. Returns the seconds until counts that moved
+        since can be set (None: nothing waits)."""
+        if self._state.counts_generation() == self._counts_generation:
+            return None
+        now = time.monotonic()
+        if now - self._exported_at < EXPORT_INTERVAL_S:
+            return self._exported_at + EXPORT_INTERVAL_S - now
+        self._counts_generation, counts = self._state.epoch_counts()
+        if counts != self._exported_counts:  # set only when a count moved
+            set_epoch_counts(*counts)
+            self._exported_counts = counts
+            self._exported_at = now
+        return None
+
+    def _placements_of(self, records: list[AssignmentRecord], old: frozenset[tuple[str, str, str]],
+                       max_failures: int) -> dict[str, tuple[AssignmentRecord, EpochPlacement]]:
+        """`{epoch key: (record, placement)}` of the epochs to place: PLANNED or ASSIGNED, not
+        superseded, not sharded (a sharded epoch's shards are placed, not the epoch). Each
+        placement is kept while its record (immutable) and `max_failures` stay the same."""
+        known, fresh = self._placements, {}
+        for r in records:
+            if r.status not in (PLANNED, ASSIGNED) or r.sharded or (r.tenant, r.dataset, r.epoch) in old:
+                continue
+            key = f"{r.tenant}/{r.dataset}/{r.epoch}"
+            cached = known.get(key)
+            if cached is None or cached[0] is not r or cached[1] != max_failures:
+                cached = (r, max_failures, EpochPlacement(
+                    PlanSummary(r.tenant, r.dataset, r.epoch, r.estimated_memory_bytes),
+                    replication_target(r, max_failures), r.staying(), frozenset(r.load_failures)))
+            fresh[key] = cached
+        self._placements = fresh
+        return {key: (record, placement) for key, (record, _, placement) in fresh.items()}
 
     def takeover_end(self) -> float:
         """Monotonic time until which this new leader counts no previously registered worker as lost."""
@@ -173,18 +243,20 @@ class Reconciler:
 
     def make_room(self, tenant: str, size: int) -> None:
         """Evict the tenant's least recently served superseded epochs until `size` more fits."""
-        self._apply_lifecycle(self._state.snapshot()[0], lambda t: size if t == tenant else 0)
+        self._apply_lifecycle(lambda t: size if t == tenant else 0)
         self.wake()
 
-    def _apply_lifecycle(self, records: list[AssignmentRecord],
-                         need: Callable[[str], int] = lambda tenant: 0) -> list[AssignmentRecord]:
+    def _apply_lifecycle(self, need: Callable[[str], int] = lambda tenant: 0) -> None:
         """Evict what the Epoch Lifecycle says (TTL, LRU within quotas); delete EVICTED records
-        (and their plans) after `evicted_retention_s`. Returns the records as they are now."""
+        (and their plans) after `evicted_retention_s`. Only superseded epochs are ever evicted:
+        with none (the index knows), there is nothing to compute."""
         now_ms = int(time.time() * 1000)
         config = self._config
         ttl = lambda tenant: config.tenant(tenant).epoch_ttl_s or config.global_config.default_ttl_sec  # noqa: E731
-        for eviction in evictions(records, now_ms, ttl, lambda tenant: config.tenant(tenant).memory_quota_bytes,
-                                  need):
+        records, old, _ = self._state.view()
+        found = evictions(records, now_ms, ttl, lambda tenant: config.tenant(tenant).memory_quota_bytes,
+                          need) if old else []
+        for eviction in found:
             record = eviction.record
             updated = self._state.update_record(
                 record.tenant, record.dataset, record.epoch,
@@ -199,10 +271,9 @@ class Reconciler:
                 logger.info("epoch %s of %s/%s evicted (%s)", record.epoch, record.tenant, record.dataset,
                             eviction.detail, extra={"tenant_id": record.tenant, "epoch_id": record.epoch})
         retention_ms = int(config.global_config.evicted_retention_s * 1000)
-        for record in self._state.snapshot()[0]:
-            if record.status == EVICTED and now_ms - record.updated_ms >= retention_ms:
+        for record in self._state.records_named("evicted"):
+            if now_ms - record.updated_ms >= retention_ms:
                 self._state.delete_record(record)
-        return self._state.snapshot()[0]
 
     def _update_gauges(self, sessions: list[WorkerSession]) -> None:
         counts: dict[str, int] = {}
@@ -242,7 +313,7 @@ class Reconciler:
     def _retire_failed(self) -> None:
         """Take replicas whose load FAILED off their epochs (the reason kept), so this pass
         places them on other workers."""
-        for record in self._state.snapshot()[0]:
+        for record in self._state.records_named("failed_replicas"):
             if retire_failed_replicas(record) is None:
                 continue
             updated = self._state.update_record(record.tenant, record.dataset, record.epoch,
@@ -275,7 +346,7 @@ class Reconciler:
     def _roll_up_shards(self) -> None:
         """Sharded epochs follow their shards (ASSIGNED, READY, FAILED); shards follow an epoch
         that FAILED or was EVICTED (`sharded_epochs`)."""
-        records = self._state.snapshot()[0]
+        records = self._state.records_named("sharded")  # sharded epochs and their shards
         by_key = {(r.tenant, r.dataset, r.epoch): r for r in records}
         now_ms = int(time.time() * 1000)
         for epoch in (r for r in records if r.sharded):
@@ -315,7 +386,7 @@ class Reconciler:
         `index`: what every worker should hold, when a pass syncs them all (else computed here)."""
         if session.closed:
             return
-        index = index if index is not None else DesiredEpochs.of(self._state.snapshot()[0])
+        index = index if index is not None else DesiredEpochs.of(*self._state.view()[:2])
         old = index.superseded
         # Oldest first: a worker loading several epochs of a dataset has each base before its increments.
         desired = index.of_worker(session.key)

@@ -51,6 +51,7 @@ class Refresher:
         self._due: dict[DatasetKey, str] = {}  # dataset -> why it is looked at next ("announce", "loaded")
         self._refused: dict[DatasetKey, int] = {}  # last version refused (not retried until a newer one)
         self._latest_this_pass: dict[str, int] = {}  # table URI -> latest version, this pass
+        self._parsed: dict[str, tuple[bytes, DatasetSpec]] = {}  # spec key -> (its value, parsed)
         self._loop = WatchedThread("refresh", self._run)
         self._wake, self._stop = self._loop.wake_event, self._loop.stop_event
 
@@ -95,12 +96,16 @@ class Refresher:
         if not all_datasets and not due:
             return  # woken by a change that no dataset waits on: nothing to read
         # A poll reads every spec; a wake only the specs of the datasets due (not all of them
-        # again on every change), and each pass groups the records by dataset once.
+        # again on every change), and each pass groups the records by dataset once (a wake: only
+        # the due datasets' records).
         specs = self._specs() if all_datasets else self._specs_of(set(due))
         keys = set(specs) if all_datasets else set(due) & set(specs)
         grouped: dict[DatasetKey, list[AssignmentRecord]] = {}
-        for record in self._state.snapshot()[0]:
-            grouped.setdefault((record.tenant, record.dataset), []).append(record)
+        if all_datasets:
+            for record in self._state.snapshot()[0]:
+                grouped.setdefault((record.tenant, record.dataset), []).append(record)
+        else:  # the datasets due only, from the leader's index (not a scan of every record per wake)
+            grouped = {key: self._state.dataset_records(*key) for key in keys}
         self._latest_this_pass = {}
         for key in sorted(keys):
             spec = specs[key]
@@ -117,14 +122,14 @@ class Refresher:
         self._latest_this_pass = {}  # a refresh outside a pass reads the log again
 
     def _specs(self) -> dict[DatasetKey, DatasetSpec]:
-        specs = {}
+        specs, parsed = {}, {}
         for key, raw in self._state.metadata.get_prefix(self._state.keys.tenants_prefix):
-            parsed = self._state.keys.parse_dataset_spec(key)
-            if parsed is not None:
-                try:
-                    specs[parsed] = DatasetSpec.from_json(raw, key)
-                except DanubeError as exc:
-                    logger.error("ignoring %s: %s", key, exc)
+            dataset = self._state.keys.parse_dataset_spec(key)
+            if dataset is not None:
+                spec = self._parse(key, raw)
+                if spec is not None:
+                    specs[dataset], parsed[key] = spec, (raw, spec)
+        self._parsed = parsed  # what is no longer there is forgotten
         return specs
 
     def _specs_of(self, keys: set[DatasetKey]) -> dict[DatasetKey, DatasetSpec]:
@@ -132,12 +137,23 @@ class Refresher:
         for tenant, dataset in keys:
             key = self._state.keys.dataset_spec(tenant, dataset)
             raw = self._state.metadata.get(key)
-            if raw is not None:
-                try:
-                    specs[(tenant, dataset)] = DatasetSpec.from_json(raw, key)
-                except DanubeError as exc:
-                    logger.error("ignoring %s: %s", key, exc)
+            spec = self._parse(key, raw) if raw is not None else None
+            if spec is not None:
+                specs[(tenant, dataset)] = spec
         return specs
+
+    def _parse(self, key: str, raw: bytes) -> DatasetSpec | None:
+        """The spec `raw` holds, parsed once per value (a poll reads every spec: 2,000 at scale)."""
+        known = self._parsed.get(key)
+        if known is not None and known[0] == raw:
+            return known[1]
+        try:
+            spec = DatasetSpec.from_json(raw, key)
+        except DanubeError as exc:
+            logger.error("ignoring %s: %s", key, exc)
+            return None
+        self._parsed[key] = (raw, spec)
+        return spec
 
     def _latest_version(self, uri: str) -> int:
         """The table's latest version, read once per pass (datasets may follow one table)."""
@@ -152,7 +168,7 @@ class Refresher:
         (default: read from the leader's view)."""
         tenant, dataset = key
         if records is None:
-            records = [r for r in self._state.snapshot()[0] if r.tenant == tenant and r.dataset == dataset]
+            records = self._state.dataset_records(tenant, dataset)
         live = by_dataset(records).get(key, [])
         head = live[-1] if live else None
         if head is not None and (head.status != ASSIGNED or not head.settled()):

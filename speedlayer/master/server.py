@@ -30,17 +30,17 @@ from speedlayer.keys import SpeedLayerKeys
 from speedlayer.master.admission import AdmissionController
 from speedlayer.master.control_plane import ControlPlaneServicer
 from speedlayer.master.management import ManagementServicer
-from speedlayer.master.reconciler import Reconciler, candidates_of
+from speedlayer.master.reconciler import Reconciler, candidates_from
 from speedlayer.master.refresh import Refresher
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, strategy_named
+from speedlayer.master.table_cache import VersionCachedDeltaSource
 from speedlayer.master.worker_streams import StreamRegistry
 from speedlayer.master.workers import WorkerDirectory
 from speedlayer.observability.audit import AuditEvent, AuditLogger, JsonlAuditLogger
 from speedlayer.observability.metrics import LEADER_STATUS, TimedMetadataStore, forget_leader_view, serve_metrics
 from speedlayer.protocol.master_rpc import MASTER_SERVER_OPTIONS, MAX_RECONNECT_BACKOFF_S
 from speedlayer.sources import TableSource
-from speedlayer.sources.delta import DeltaTableSource
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +79,10 @@ class LeaderRuntime:
             refresher.wake()
 
     def _candidates(self, tenant: str):
-        records, _, _, draining = self.state.snapshot()
+        loads = self.state.worker_loads()  # kept per record change: no scan of the records per admission
+        _, _, _, draining = self.state.snapshot()
         workers = self.state.placeable_workers(time.monotonic() < self.reconciler.takeover_end())
-        return [c for c in candidates_of(records, self.registry.all(), workers, draining) if c.tenant == tenant]
+        return [c for c in candidates_from(loads, self.registry.all(), workers, draining) if c.tenant == tenant]
 
     def start(self) -> None:
         self.state.load()
@@ -103,7 +104,8 @@ class MasterServer:
         self._store = config.etcd.connect()  # TLS, user and password from the `etcd:` section
         self.metadata = TimedMetadataStore(self._store)
         self.config_view = ConfigView(self.metadata, self.keys, self._config_changed)
-        self.table_sources: dict[str, TableSource] = {"delta_table": DeltaTableSource(config.delta_storage_options)}
+        self.table_sources: dict[str, TableSource] = {
+            "delta_table": VersionCachedDeltaSource(config.delta_storage_options)}
         if config.iceberg_catalogs:
             from speedlayer.sources.iceberg import IcebergTableSource
 

@@ -18,6 +18,7 @@ from danube_core.metadata import MetadataStore, WatchEvent, WatchHandle
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.keys import SpeedLayerKeys
+from speedlayer.master.record_index import EpochRef, RecordIndex, StatusCounts
 from speedlayer.observability.metrics import WORKERS_LOST
 from speedlayer.records import AssignmentRecord, GlobalConfig, TenantConfig, WorkerRecord
 
@@ -101,6 +102,9 @@ class ClusterState:
         self._raw: dict[str, bytes] = {}  # the bytes each cached record was read or written as
         self._plans: dict[str, cp.LoadPlan] = {}  # plans are immutable: read once
         self._watches: list[WatchHandle] = []
+        # Derived from `records`, changed with them (admission and each pass read it, not a scan).
+        self.index = RecordIndex()
+        self._workers_generation = 0  # bumped by every change of workers, losses and drains
 
     def load(self) -> None:
         """Read everything, then follow workers and drains; workers named by records but not
@@ -115,8 +119,7 @@ class ClusterState:
             tenant, _, worker = key[len(self.keys.drain_prefix):].partition("/")
             self.draining.add((tenant, worker))
         for key, raw in self.metadata.get_prefix(self.keys.assignments_prefix):
-            self.records[key] = AssignmentRecord.from_json(raw, key)
-            self._raw[key] = raw
+            self._cache(key, AssignmentRecord.from_json(raw, key), raw)
         now = time.monotonic()
         self.loaded_at = now
         self._at_takeover = dict(self.workers)
@@ -134,6 +137,7 @@ class ClusterState:
     def _on_worker(self, event: WatchEvent) -> None:
         key = self.keys.parse_worker(event.key)
         with self._lock:
+            self._workers_generation += 1
             if event.value is None:
                 if self.workers.pop(key, None) is not None:
                     self.lost_since[key] = time.monotonic()
@@ -157,12 +161,74 @@ class ClusterState:
     def _on_drain(self, event: WatchEvent) -> None:
         tenant, _, worker = event.key[len(self.keys.drain_prefix):].partition("/")
         with self._lock:
+            self._workers_generation += 1
             (self.draining.discard if event.value is None else self.draining.add)((tenant, worker))
         self._changed()
 
     def snapshot(self) -> tuple[list[AssignmentRecord], dict[WorkerKey, WorkerRecord], dict[WorkerKey, float], set[WorkerKey]]:
         with self._lock:
             return list(self.records.values()), dict(self.workers), dict(self.lost_since), set(self.draining)
+
+    def generation(self) -> tuple[int, int]:
+        """Changes with every change of a record, a worker, a loss or a drain (and only then)."""
+        with self._lock:
+            return self.index.generation, self._workers_generation
+
+    def is_draining(self, key: WorkerKey) -> bool:
+        with self._lock:
+            return key in self.draining
+
+    def worker_loads(self) -> dict[WorkerKey, tuple[int, int]]:
+        """(tenant, worker) -> (bytes, replicas) the live records put there (`RecordIndex`)."""
+        with self._lock:
+            return self.index.worker_loads()
+
+    def usage(self, tenant: str) -> tuple[int, int]:
+        """(the tenant's, the cluster's) memory in use by live epochs, as `quotas` counts it."""
+        with self._lock:
+            return self.index.usage(tenant)
+
+    def epoch_counts(self) -> tuple[int, tuple[StatusCounts, StatusCounts]]:
+        """`epoch_counts` of the epochs' records and of the shards' records, after the number
+        of their last change (the same number: the same counts)."""
+        with self._lock:
+            return self.index.counts_generation, self.index.epoch_counts()
+
+    def counts_generation(self) -> int:
+        with self._lock:
+            return self.index.counts_generation
+
+    def placement_view(self) -> tuple[dict[WorkerKey, int], list[AssignmentRecord]]:
+        """`RecordIndex.placement_counts` and `RecordIndex.short`, taken together."""
+        with self._lock:
+            return self.index.placement_counts(), self.index.short()
+
+    def take_desired(self) -> dict[WorkerKey, dict[str, AssignmentRecord]]:
+        """What each worker whose epochs changed since the last call should hold (one caller:
+        the reconciler's loop)."""
+        with self._lock:
+            return self.index.take_desired()
+
+    def superseded(self) -> frozenset[EpochRef]:
+        """`lifecycle.superseded_keys` of the records."""
+        with self._lock:
+            return self.index.superseded()
+
+    def view(self) -> tuple[list[AssignmentRecord], frozenset[EpochRef], dict[WorkerKey, tuple[int, int]]]:
+        """The records, their superseded epochs and the workers' loads, taken together."""
+        with self._lock:
+            return list(self.records.values()), self.index.superseded(), self.index.worker_loads()
+
+    def records_named(self, keys: str) -> list[AssignmentRecord]:
+        """The records of one of the index's named sets (`failed_replicas`, `leaving`,
+        `load_failed`, `sharded`, `evicted`), in key order."""
+        with self._lock:
+            named: set[str] = getattr(self.index, keys)
+            return [self.records[k] for k in sorted(named) if k in self.records]
+
+    def dataset_records(self, tenant: str, dataset: str) -> list[AssignmentRecord]:
+        with self._lock:
+            return self.index.dataset_records((tenant, dataset))
 
     def placeable_workers(self, takeover_open: bool) -> dict[WorkerKey, WorkerRecord]:
         """Registered workers, plus, while a new leader's takeover window is open, those that
@@ -191,10 +257,13 @@ class ClusterState:
     def _cache(self, key: str, record: AssignmentRecord | None, raw: bytes | None) -> None:
         with self._lock:
             if record is None:
-                self.records.pop(key, None)
+                old = self.records.pop(key, None)
                 self._raw.pop(key, None)
-            else:
+                if old is not None:
+                    self.index.remove(key, old)
+            elif key not in self.records or self._raw.get(key) != raw:  # the same bytes: the same record
                 self.records[key], self._raw[key] = record, raw
+                self.index.put(key, record)
 
     def update_record(self, tenant: str, dataset: str, epoch: str,
                       change: Callable[[AssignmentRecord], AssignmentRecord | None]) -> AssignmentRecord | None:

@@ -99,7 +99,7 @@ class WorkerDirectory:
         session.last_heartbeat = time.monotonic()
         session.memory_used_bytes = message.heartbeat_event.status.memory_used_bytes
         session.lease.refresh()
-        draining = (session.tenant, session.worker_id) in self._state.snapshot()[3]
+        draining = self._state.is_draining((session.tenant, session.worker_id))
         action = cp.HeartbeatAckEvent.DRAIN if draining else cp.HeartbeatAckEvent.NONE
         return cp.HeartbeatAckEvent(requested_action=action)
 

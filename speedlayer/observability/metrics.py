@@ -58,6 +58,10 @@ GATEWAY_QUERY_SECONDS = Histogram(
 GATEWAY_RETRIES = Counter("gateway_replica_retries_total", "Queries retried on another replica", ["tenant"])
 GATEWAY_SHARDS = Counter("gateway_shards_total", "Shards of sharded datasets asked by queries, or skipped because "
                          "the WHERE clause's partition values are not in them", ["tenant", "outcome"])
+GATEWAY_SHARD_GATHERS = Counter(
+    "gateway_shard_gathers_total", "Queries on sharded datasets that do not decompose: run whole at the gateway "
+    "on the shards' rows (gathered), or refused because those shards exceed the tenant's gather_max_bytes",
+    ["tenant", "outcome"])
 
 _TIMED = {"get", "put", "delete", "delete_prefix", "get_prefix", "get_range", "put_if_absent",
           "compare_and_put", "grant_lease"}

@@ -4,8 +4,10 @@ SQL statement analysis (the gateway may not import the worker, so both read it f
 `parse_tree` asks DuckDB's own parser (`json_serialize_sql`) of one in-memory database opened
 once: opening one costs ~17 ms of CPU, and Flight servers run calls on threads that come and
 go; each parse takes a cursor of it (its own connection, ~0.05 ms). `nodes` walks the tree;
-`to_sql` prints a (rewritten) tree back as SQL (`json_deserialize_sql`), and `aggregate_names`
-says which function names DuckDB knows as aggregates.
+`to_sql` prints a (rewritten) tree back as SQL (`json_deserialize_sql`), `aggregate_names`
+says which function names DuckDB knows as aggregates, and `check_reads_only` is the rule both
+the worker's guard and the gateway's gather hold a query to: it reads its dataset and its own
+CTEs, nothing else.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import json
 import threading
 from typing import Any, Iterator
+
+from speedlayer.errors import InvalidQueryError
 
 _parser = None  # the parsing database, see _parser_database
 _parser_lock = threading.Lock()
@@ -77,3 +81,22 @@ def cte_names(tree_nodes: list[dict[str, Any]]) -> set[str]:
         if isinstance(cte_map, dict):
             names.update(entry["key"].lower() for entry in cte_map.get("map", []))
     return names
+
+
+def check_reads_only(tree_nodes: list[dict[str, Any]], dataset: str, joined: tuple[str, ...] = ()) -> None:
+    """Raise InvalidQueryError naming the dataset unless `tree_nodes` read only `dataset`
+    (unqualified), the `joined` datasets bound beside it and CTEs they define, and call no table
+    function (`read_parquet('/...')` would reach any file the process can)."""
+    readable = {dataset.lower()} | {name.lower() for name in joined} | cte_names(tree_nodes)
+    for node in tree_nodes:
+        kind = node.get("type")
+        if kind == "TABLE_FUNCTION":
+            name = node.get("function", {}).get("function_name", "?")
+            raise InvalidQueryError(f"query on dataset {dataset!r}: table function {name}() is not allowed; "
+                                    f"a query reads only its dataset {dataset!r}")
+        if kind == "BASE_TABLE" and (node.get("catalog_name") or node.get("schema_name")
+                                     or str(node.get("table_name", "")).lower() not in readable):
+            qualified = ".".join(p for p in (node.get("catalog_name"), node.get("schema_name"),
+                                             node.get("table_name")) if p)
+            raise InvalidQueryError(f"query on dataset {dataset!r}: it reads {qualified!r}; "
+                                    f"a query reads only its dataset {dataset!r} and its own CTEs")

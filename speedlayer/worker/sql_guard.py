@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 
 from speedlayer.errors import InvalidQueryError
-from speedlayer.protocol.sql_tree import cte_names as _cte_names
+from speedlayer.protocol.sql_tree import check_reads_only
 from speedlayer.protocol.sql_tree import nodes as _nodes
 from speedlayer.protocol.sql_tree import parse_tree as _parse_tree
 
@@ -52,17 +52,4 @@ def _check(sql: str, dataset: str, joined: tuple[str, ...] = ()) -> None:
     tree = _parse_tree(sql)
     if tree.get("error"):
         raise InvalidQueryError(f"query on dataset {dataset!r}: {tree.get('error_message', 'cannot be parsed')}")
-    nodes = list(_nodes(tree["statements"]))
-    readable = {dataset.lower()} | {name.lower() for name in joined} | _cte_names(nodes)
-    for node in nodes:
-        kind = node.get("type")
-        if kind == "TABLE_FUNCTION":
-            name = node.get("function", {}).get("function_name", "?")
-            raise InvalidQueryError(f"query on dataset {dataset!r}: table function {name}() is not allowed; "
-                                    f"a query reads only its dataset {dataset!r}")
-        if kind == "BASE_TABLE":
-            qualified = ".".join(p for p in (node.get("catalog_name"), node.get("schema_name"),
-                                             node.get("table_name")) if p)
-            if node.get("catalog_name") or node.get("schema_name") or node["table_name"].lower() not in readable:
-                raise InvalidQueryError(f"query on dataset {dataset!r}: it reads {qualified!r}; "
-                                        f"a query reads only its dataset {dataset!r} and its own CTEs")
+    check_reads_only(list(_nodes(tree["statements"])), dataset, joined)

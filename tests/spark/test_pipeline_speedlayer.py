@@ -4,20 +4,22 @@ Real Spark (the session-wide fixture) runs the pipeline into Delta; a real maste
 etcd of its own follows the target table. The master's poll is set to an hour, so only the
 pipeline's announcement can make it plan a new version at once. The first test reads the
 worker's DuckDB in this process; the second goes the user's way, through a worker process and
-the Data Gateway, querying while the pipeline keeps committing.
+the Data Gateway, querying while the pipeline keeps committing, then checks the same table
+admitted sharded against Spark reading the same Delta version.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from pathlib import Path
 
 import pytest
 
 from pipelines.speedlayer_feed import SpeedLayerFeed
 from speedlayer.clients import delta_request
 from speedlayer.clients.query_client import QueryClient
-from speedlayer.records import Announcement, AssignmentRecord, GlobalConfig
+from speedlayer.records import Announcement, AssignmentRecord, GlobalConfig, TenantConfig
 from tests.rig import eventually
 from tests.speedlayer.cluster import SpeedLayerCluster
 from tests.speedlayer.test_freshness import served_rows
@@ -133,9 +135,36 @@ def test_committed_rows_are_answered_through_the_gateway_once_while_the_pipeline
         assert len(answers) > 10, len(answers)
         for offsets in answers:
             assert offsets in versions, f"an answer of {len(offsets)} rows matches no committed version"
+        _sharded_answers_equal_sparks(lake, cluster, gateway, config.target.path, len(versions) - 1)
     except BaseException:
         print(cluster.dump_logs())
         raise
     finally:
         stop.set()
         cluster.stop()
+
+
+def _sharded_answers_equal_sparks(lake, cluster: SpeedLayerCluster, gateway: str, path: str,  # noqa: F811
+                                  version: int) -> None:
+    """The pipeline's table admitted again, sharded (a second worker; the tenant's shard limit at
+    3/4 of the table's estimate, so two shards of its commits' files): a group-by and a filtered
+    aggregate through the gateway, merged from the shards, equal Spark's on the same Delta version."""
+    on_disk = sum(f.stat().st_size for f in Path(path).rglob("*.parquet") if "_delta_log" not in f.parts)
+    estimate = on_disk * GlobalConfig().memory_expansion_factor  # the master's estimate of the version
+    cluster.set_tenant("acme", TenantConfig(shard_max_bytes=int(estimate * 0.75)))
+    cluster.start_worker("acme", "w2")
+    client = cluster.client()
+    eventually(lambda: len(client.workers("acme").workers) == 2, deadline_s=30)
+    admitted = client.admit(delta_request("acme", "feed_sharded", path, version=version))
+    eventually(lambda: (m := client.status("acme", "feed_sharded", admitted.epoch_id).epochs[0].message)
+               .startswith("sharded into 2 shards") and ": 2 of 2 READY" in m, deadline_s=60)
+    view = lake.unique_name("feed_v").replace("-", "_")  # a temp view name
+    lake.spark.read.format("delta").option("versionAsOf", version).load(path).createOrReplaceTempView(view)
+    with QueryClient(gateway, "acme", client_id="vs-spark") as queries:
+        for sql in ("SELECT _offset % 4 AS bucket, count(*) AS n, sum(_offset) AS total, min(_offset) AS lo, "
+                    "max(_offset) AS hi, avg(_offset) AS mean FROM {table} GROUP BY _offset % 4 ORDER BY bucket",
+                    "SELECT count(*) AS n, sum(_offset) AS total, max(_topic) AS topic FROM {table} "
+                    "WHERE _offset >= 17 AND _offset % 3 = 1"):
+            spark_rows = [row.asDict() for row in lake.spark.sql(sql.format(table=view)).collect()]
+            assert spark_rows and queries.query("feed_sharded", sql.format(table="feed_sharded")).to_pylist() == \
+                spark_rows, sql

@@ -5,7 +5,9 @@ One cluster for the module (real processes: a master, four workers of 3 MiB, a g
 partitioned Delta table of 8 days whose estimated memory (the expansion factor is raised so that
 a few thousand rows weigh ~3.6 MiB) exceeds every worker's; the tenant's `shard_max_bytes` splits
 it into four shards of two days each, replicated twice. Answers are compared with DuckDB reading
-the same Delta version straight from its files (deltalake), not through the speed layer.
+the same Delta version straight from its files (deltalake), not through the speed layer. The
+tenant's gather limit holds any two shards but not three: a shape that does not decompose is
+gathered and run at the gateway when its WHERE clause leaves two shards, refused otherwise.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pytest
 from devstack.ports import free_port
 from speedlayer.clients import QueryClient, delta_request
 from speedlayer.errors import InvalidQueryError
-from speedlayer.records import GlobalConfig, TenantConfig
+from speedlayer.records import AssignmentRecord, GlobalConfig, TenantConfig
 from tests.rig import eventually
 from tests.speedlayer.cluster import REPO_ROOT, SpeedLayerCluster
 
@@ -37,6 +39,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 TENANT, DAYS, ROWS = "acme", 8, 4000
 WORKER_MB = 3
 ESTIMATE = int(3.6 * 1024 * 1024)  # what the table should weigh in memory: more than one worker's 3 MiB
+SHARD_MAX = int(ESTIMATE / 4 * 1.15)
+GATHER_MAX = int(ESTIMATE * 0.6)  # >= 2 x SHARD_MAX (any two shards), < the table less its largest shard
 
 
 def _write(path: str, rows: range, mode: str = "append") -> None:
@@ -62,7 +66,7 @@ def shards(tmp_path_factory, etcd_endpoint):
     expansion = ESTIMATE / _parquet_bytes(table)
     cluster = SpeedLayerCluster(tmp_path_factory.mktemp("shards-cluster"), etcd_endpoint=etcd_endpoint)
     cluster.set_global(GlobalConfig(reassign_delay_s=1.0, memory_expansion_factor=expansion, max_load_failures=2))
-    cluster.set_tenant(TENANT, TenantConfig(shard_max_bytes=int(ESTIMATE / 4 * 1.15)))
+    cluster.set_tenant(TENANT, TenantConfig(shard_max_bytes=SHARD_MAX, gather_max_bytes=GATHER_MAX))
     cluster.set_tenant("narrow", TenantConfig(shard_max_bytes=ESTIMATE // 10))  # 8 days: 8 shards
     try:
         cluster.start_master("m1")
@@ -149,12 +153,53 @@ def _shard_calls(port: int) -> dict[str, float]:
     ("SELECT id, sum(amount) OVER (ORDER BY id) FROM orders", "window function sum() OVER (...)"),
     ("SELECT a.id FROM orders a JOIN orders b ON a.id = b.id", "a join"),
 ])
-def test_a_shape_that_cannot_be_merged_is_refused_naming_it(shards, sql, construct):
+def test_a_shape_that_cannot_be_merged_is_refused_naming_it_when_its_shards_exceed_the_gather_limit(
+        shards, sql, construct):
     cluster, gateway, _, _, reply = shards
     eventually(lambda: _served(cluster, reply.epoch_id), 60)
     with pytest.raises(InvalidQueryError) as refused:
         _query(gateway, sql)
-    assert str(refused.value).startswith(construct) and "split into 4 shards" in str(refused.value)
+    message = str(refused.value)
+    assert message.startswith(construct) and "split into 4 shards" in message
+    needed = sum(s.estimated_memory_bytes for s in _shard_records(cluster, reply.epoch_id))
+    assert f"needs {needed} bytes (4 shard(s)' estimated memory), the gather limit is {GATHER_MAX} bytes" in message
+
+
+def _shard_records(cluster: SpeedLayerCluster, epoch: str) -> list[AssignmentRecord]:
+    found = cluster.metadata.get_prefix(cluster.keys.dataset_assignments_prefix(TENANT, "orders"))
+    return sorted((r for r in (AssignmentRecord.from_json(v, k) for k, v in found) if r.shard_of == epoch),
+                  key=lambda r: r.epoch)
+
+
+def test_a_shape_that_cannot_be_merged_is_gathered_when_the_shards_it_reads_fit_the_limit(shards):
+    cluster, gateway, metrics_port, table, reply = shards
+    eventually(lambda: _served(cluster, reply.epoch_id), 60)
+    first, second = _shard_records(cluster, reply.epoch_id)[:2]
+    assert first.estimated_memory_bytes + second.estimated_memory_bytes <= GATHER_MAX
+    days = f"'{first.shard_values['day'][0]}', '{second.shard_values['day'][0]}'"  # two days, two shards
+    before, gathers = _shard_calls(metrics_port), _gathers(metrics_port)
+    for sql in (f"SELECT count(DISTINCT amount) AS amounts, median(amount) AS m, count(*) AS n FROM orders "
+                f"WHERE day IN ({days})",
+                f"SELECT id, day, sum(amount) OVER (PARTITION BY day ORDER BY id) AS running, "
+                f"rank() OVER (ORDER BY amount DESC, id) AS r FROM orders WHERE day IN ({days}) ORDER BY id"):
+        assert _query(gateway, sql) == _direct(table, 0, sql), sql
+    after = _shard_calls(metrics_port)
+    assert (after["asked"] - before["asked"], after["pruned"] - before["pruned"]) == (4, 4)
+    assert _gathers(metrics_port) == {"gathered": gathers["gathered"] + 2, "refused": gathers["refused"]}
+    with QueryClient(gateway, TENANT, token=None, client_id="shards-test") as client:
+        answer = client.query("orders", f"SELECT median(id) AS m FROM orders WHERE day IN ({days}) AND amount > 90")
+    note = answer.schema.metadata[b"speedlayer.note"].decode()
+    assert note.startswith(f"gathered 2 of 4 shards of epoch {reply.epoch_id} (") and "columns id; WHERE pushed down)" in note
+    assert note.endswith("aggregate median() does not combine from the shards' answers")
+
+
+def _gathers(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = {"gathered": 0.0, "refused": 0.0}
+    for line in text.splitlines():
+        if line.startswith("gateway_shard_gathers_total{"):
+            found[line.split('outcome="')[1].split('"')[0]] += float(line.rsplit(" ", 1)[1])
+    return found
 
 
 def test_more_shards_than_workers_is_refused_at_admission(shards):

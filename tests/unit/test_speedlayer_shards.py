@@ -1,20 +1,28 @@
 """The pure parts of sharded epochs: shard planning, the epoch's state from its shards, the
-gateway's query rewrite and merge (checked against DuckDB on the whole table), shard pruning."""
+gateway's query rewrite and merge (checked against DuckDB on the whole table), shard pruning,
+and gathering the shards' rows for a shape that does not decompose (rewrite, decision, and the
+gateway's scatter with each shard a DuckDB of its own)."""
 
 from __future__ import annotations
+
+import re
+import time
 
 import duckdb
 import pyarrow as pa
 import pytest
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
-from speedlayer.errors import PreconditionError
-from speedlayer.gateway.routing import ReplicaEndpoint, choose_epoch
+from speedlayer.errors import InvalidQueryError, PreconditionError, ResultTooLargeError
+from speedlayer.gateway.gather_query import gather_refusal, plan_gather
+from speedlayer.gateway.routing import ReplicaEndpoint, Route, ShardRoute, choose_epoch
+from speedlayer.gateway.scatter import ShardScatter
 from speedlayer.gateway.shard_query import PARTIALS, Unshardable, partition_pruning, plan_query, shards_to_ask
 from speedlayer.master.lifecycle import served_epoch, superseded_keys
 from speedlayer.master.quotas import usage
 from speedlayer.master.sharded_epochs import cascaded, rolled_up, shard_note
 from speedlayer.master.sharding import plan_shards, shard_limit, source_files, with_files
+from speedlayer.protocol.query import QueryLimits, QueryRequest
 from speedlayer.records import (
     ASSIGNED, EVICTED, FAILED, PLANNED, R_LOADING, R_READY, AssignmentRecord, ReplicaRecord,
 )
@@ -231,3 +239,111 @@ def test_any_shape_on_one_partition_is_pruned_but_not_one_that_reads_other_rows(
                 "WITH o AS (SELECT * FROM orders) SELECT * FROM o WHERE day = 'd2'",
                 "SELECT * FROM orders a JOIN orders b USING (id) WHERE a.day = 'd2'"):
         assert shards_to_ask(SHARD_VALUES, partition_pruning(sql, ["day"])) == [0, 1, 2], sql
+
+
+# ---- gathering a shape that does not decompose -----------------------------------------------
+
+def _gathered(table: pa.Table, sql: str, shards: int = 3):
+    """(plan, answer run at the 'gateway' on the shards' fetched rows, answer on the whole table)."""
+    plan = plan_gather(sql, "orders", table.column_names)
+    whole = duckdb.connect()
+    whole.register("orders", table)
+    fetched = []
+    for index in range(shards):
+        connection = duckdb.connect()
+        connection.register("orders", whole.sql(f"SELECT * FROM orders WHERE id % {shards} = {index}").to_arrow_table())
+        fetched.append(connection.sql(plan.fetch_sql).to_arrow_table())
+    gateway = duckdb.connect()
+    gateway.register("orders", pa.concat_tables(fetched))
+    return plan, gateway.sql(plan.local_sql).to_arrow_table(), whole.sql(sql).to_arrow_table()
+
+
+@pytest.mark.parametrize("sql, columns, filtered", [
+    ("SELECT count(DISTINCT day) AS d, median(amount) AS m FROM orders WHERE amount > 3", ("day", "amount"), True),
+    ("SELECT id, sum(amount) OVER (PARTITION BY day ORDER BY id) AS run FROM orders WHERE k = 1 ORDER BY id",
+     ("id", "day", "amount"), True),                                                # k: only in the pushed WHERE
+    ("SELECT a.day, count(*) AS n FROM orders a JOIN orders b USING (id) WHERE b.k = 2 GROUP BY a.day ORDER BY 1",
+     ("id", "day", "k"), False),                                                    # a join: every row fetched
+    ("WITH t AS (SELECT day, amount FROM orders WHERE k IS NULL) "
+     "SELECT day, quantile_cont(amount, 0.5) AS q FROM t GROUP BY day ORDER BY day", ("day", "amount", "k"), False),
+    ("SELECT amount * 2 AS a FROM orders WHERE a > 10 ORDER BY a LIMIT 3", ("amount",), False),  # a select alias
+    ("SELECT median(amount) AS amount FROM orders WHERE amount > 10", ("amount",), True),  # the column, not the alias
+    ("SELECT count(DISTINCT 1) AS one, count(*) AS n FROM orders WHERE random() < 2", (), True),    # names no column
+    ("SELECT o FROM orders o WHERE o.id < 3 ORDER BY o.id", ("id", "day", "amount", "k"), True),    # the row itself
+    ("SELECT x.* FROM orders AS x(a, b) WHERE a < 4 ORDER BY a", ("id", "day", "amount", "k"), False),  # renamed
+    ("SELECT id FROM orders WHERE day = 'd1' UNION SELECT id + 1000 FROM orders ORDER BY 1 LIMIT 4",
+     ("id", "day"), False),
+    ("SELECT DISTINCT day FROM orders WHERE amount < 5 ORDER BY day", ("day",), True),
+])
+def test_a_gathered_query_reads_only_the_columns_and_rows_it_needs_and_answers_as_on_the_whole_table(
+        table, sql, columns, filtered):
+    plan, got, want = _gathered(table, sql)
+    assert (plan.columns, plan.filtered) == (columns, filtered)
+    assert got.column_names == want.column_names and got.to_pylist() == want.to_pylist()
+    if filtered:  # the WHERE runs on the shards, once
+        assert "WHERE" in plan.fetch_sql and "WHERE" not in plan.local_sql
+
+
+@pytest.mark.parametrize("sql, read", [
+    ("SELECT count(DISTINCT id) FROM orders JOIN other USING (id)", "it reads 'other'"),
+    ("SELECT median(id) FROM main.orders", "it reads 'main.orders'"),
+    ("SELECT * FROM read_csv('/etc/passwd')", "table function read_csv() is not allowed"),
+    ("SELECT (SELECT count(*) FROM glob('/*')) AS n FROM orders", "table function glob() is not allowed"),
+])
+def test_a_gathered_query_may_read_nothing_but_its_dataset(sql, read):
+    with pytest.raises(InvalidQueryError, match=re.escape(read)):
+        plan_gather(sql, "orders", ["id"])
+
+
+def test_a_query_is_gathered_only_when_its_shards_fit_the_limit_and_otherwise_says_both_numbers():
+    assert gather_refusal("aggregate median()", "orders", "v0-x", 4, 2, 1000, 1000) is None
+    refused = gather_refusal("aggregate median()", "orders", "v0-x", 4, 3, 1001, 1000)
+    assert refused.startswith("aggregate median() cannot be answered on dataset 'orders': its epoch v0-x is split "
+                              "into 4 shards")
+    assert "needs 1001 bytes (3 shard(s)' estimated memory), the gather limit is 1000 bytes" in refused
+    assert "is off for this tenant (gather_max_bytes 0)" in gather_refusal("a join", "orders", "v0-x", 4, 1, 5, 0)
+
+
+def _scatter_route(shard_tables: list[pa.Table], estimated: int) -> Route:
+    shards = tuple(ShardRoute(f"v0-x.s{i}", {"day": sorted(set(t.column("day").to_pylist()))},
+                              (ReplicaEndpoint(f"w{i}", f"h:{i}"),), estimated) for i, t in enumerate(shard_tables))
+    return Route("t", "orders", "v0-x", 0, (), shards)
+
+
+def test_the_gateway_gathers_the_shards_a_query_needs_and_notes_it_in_the_answer(table):
+    """ShardScatter end to end with each shard a DuckDB of its own rows (what forwarding reaches)."""
+    days = {f"d{d}": [0] if d < 2 else [1] if d < 4 else [2] for d in range(5)}  # d0 d1 | d2 d3 | d4
+    whole = duckdb.connect()
+    whole.register("orders", table)
+    parts = [whole.sql(f"SELECT * FROM orders WHERE day IN ({', '.join(repr(d) for d, s in days.items() if s == [i])})")
+             .to_arrow_table() for i in range(3)]
+    calls: list[tuple[str, str, int]] = []
+
+    def forward(route: Route, request: QueryRequest, limits: QueryLimits, deadline: float):
+        calls.append((route.epoch, request.sql, limits.max_bytes))
+        connection = duckdb.connect()
+        connection.register("orders", parts[int(route.epoch[-1])])
+        answer = connection.sql(request.sql).to_arrow_table()
+        return answer.schema, answer.to_batches()
+
+    scatter = ShardScatter(forward, lambda tenant: 5000)
+    try:
+        limits, deadline = QueryLimits(), time.monotonic() + 30
+        sql = "SELECT count(DISTINCT k) AS ks, median(amount) AS m FROM orders WHERE day IN ('d1', 'd2', 'd3')"
+        answer = scatter.run(_scatter_route(parts, 2500), QueryRequest("orders", sql), limits, deadline)
+        assert answer.to_pylist() == whole.sql(sql).to_arrow_table().to_pylist()
+        assert answer.schema.metadata[b"speedlayer.note"].startswith(b"gathered 2 of 3 shards of epoch v0-x (")
+        assert calls[0][:2] == ("v0-x.s0", 'SELECT * FROM "orders" LIMIT 0')  # the dataset's columns, once
+        assert sorted(c[0] for c in calls[1:]) == ["v0-x.s0", "v0-x.s1"]  # then the rows of the shards asked
+        assert all(c[2] == 5000 for c in calls[1:])  # each fetch is held to the gather limit
+        calls.clear()
+        with pytest.raises(InvalidQueryError, match=r"^aggregate median\(\) cannot be answered .* needs 7500 bytes "
+                                                    r"\(3 shard\(s\)' estimated memory\), the gather limit is 5000"):
+            scatter.run(_scatter_route(parts, 2500), QueryRequest("orders", "SELECT median(id) FROM orders"),
+                        limits, deadline)
+        assert calls == []  # refused before anything was fetched
+        with pytest.raises(ResultTooLargeError, match=r"read \d+ bytes, more than the gather limit of 5000 bytes"):
+            scatter.run(_scatter_route(parts, 10), QueryRequest(
+                "orders", "SELECT median(id), string_agg(day, ','), max(amount) FROM orders"), limits, deadline)
+    finally:
+        scatter.close()
