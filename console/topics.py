@@ -143,6 +143,17 @@ class TopicsReader:
     def topics(self, cache: KeyReader, namespace: str, owners: dict[str, int] | None = None) -> list[TopicRow]:
         """Every topic of `namespace` (from its topic index), partitions grouped under the base name."""
         owners = self.owners(cache) if owners is None else owners
+        return [self._row(cache, base, namespace, parts, owners)
+                for base, parts in sorted(self._partitions_by_topic(cache, namespace).items())]
+
+    def topic(self, cache: KeyReader, name: str) -> TopicRow | None:
+        """One topic by its base name (or a partition's name), None when etcd has no such topic.
+        Only its own partitions are read (the namespace's index is listed keys only)."""
+        topic = TopicName.parse(name)
+        parts = self._partitions_by_topic(cache, topic.namespace).get(topic.base_name)
+        return self._row(cache, topic.base_name, topic.namespace, parts, self.owners(cache)) if parts else None
+
+    def _partitions_by_topic(self, cache: KeyReader, namespace: str) -> dict[str, list[TopicName]]:
         grouped: dict[str, list[TopicName]] = {}
         for key, _ in cache.get_prefix(keys.namespace_topics_prefix(namespace), keys_only=True):
             try:
@@ -150,15 +161,12 @@ class TopicsReader:
             except DanubeError:
                 continue
             grouped.setdefault(name.base_name, []).append(name)
-        return [TopicRow(base, namespace, [self.partition(cache, p, owners)
-                                           for p in sorted(parts, key=lambda t: t.partition or 0)])
-                for base, parts in sorted(grouped.items())]
+        return grouped
 
-    def topic(self, cache: KeyReader, name: str) -> TopicRow | None:
-        """One topic by its base name (or a partition's name), None when etcd has no such topic."""
-        topic = TopicName.parse(name)
-        rows = [t for t in self.topics(cache, topic.namespace) if t.name == topic.base_name]
-        return rows[0] if rows else None
+    def _row(self, cache: KeyReader, base: str, namespace: str, parts: list[TopicName],
+             owners: dict[str, int]) -> TopicRow:
+        return TopicRow(base, namespace, [self.partition(cache, p, owners)
+                                          for p in sorted(parts, key=lambda t: t.partition or 0)])
 
     def partition(self, cache: KeyReader, topic: TopicName, owners: dict[str, int]) -> PartitionRow:
         descriptors = self.descriptors(cache, topic)
