@@ -5,7 +5,11 @@ set -euo pipefail
 # Exact versions come from constraints.txt (setup.cfg has the ranges). editable_mode=compat puts the checkout on sys.path through a .pth file, so Spark's data
 # source lookup (pkgutil.iter_modules) finds `pyspark_danube` and format("danube") needs no call.
 cd "$(dirname "$0")"
-python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -c constraints.txt -e ".[all,test]"
+# DANUBE_TESTS_INSTALLED=1 skips it for a caller that has just run this same install (.ci/run,
+# which lints first): a second pip run costs about 25 seconds for nothing.
+if [[ "${DANUBE_TESTS_INSTALLED:-0}" != 1 ]]; then
+  python3 -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -c constraints.txt -e ".[all,test]"
+fi
 # -n: pytest-xdist workers. Most of the suite's time is spent waiting on the processes it starts
 # (brokers, pipelines, masters, etcd restarts), so workers overlap those waits; `--dist loadgroup`
 # keeps every test of the one Spark session on one worker, and a module's shared fixture on one

@@ -8,7 +8,8 @@
 # --conf settings are kept as given: the pipeline's session only fills in defaults for settings
 # nothing has set (e.g. spark.sql.shuffle.partitions=4 unless --conf names another value).
 # It adds the Delta and spark-avro packages (coordinates from pipelines/session.py; a
-# --packages you give is merged with them) and ships the project's code to the executors as an
+# --packages you give is merged with them), leaving out the jars of theirs that Spark ships
+# itself (--exclude-packages, merged with yours likewise) and ships the project's code to the executors as an
 # archive extracted next to each executor (`danube_spark/`, put on their PYTHONPATH). An
 # archive rather than --py-files because Python cannot import the compiled frame decoder
 # (danube_core/_fastdecode) from inside a zip. The driver runs in client mode from this checkout.
@@ -35,6 +36,7 @@ shift 2
 
 export PYTHONPATH="${ROOT}${PYTHONPATH:+:$PYTHONPATH}"
 PACKAGES="$("$PYTHON" -c 'from pipelines.session import spark_packages; print(",".join(spark_packages()))')"
+EXCLUDES="$("$PYTHON" -c 'from pipelines.session import SPARK_PROVIDED; print(",".join(SPARK_PROVIDED))')"
 
 # Pass the caller's flags through, merging --packages and noticing --master and --verbose.
 MASTER_GIVEN=0
@@ -44,6 +46,8 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --packages) PACKAGES="${PACKAGES},$2"; shift 2 ;;
     --packages=*) PACKAGES="${PACKAGES},${1#--packages=}"; shift ;;
+    --exclude-packages) EXCLUDES="${EXCLUDES},$2"; shift 2 ;;
+    --exclude-packages=*) EXCLUDES="${EXCLUDES},${1#--exclude-packages=}"; shift ;;
     --master|--master=*) MASTER_GIVEN=1; PASSTHROUGH+=("$1"); shift ;;
     --verbose|-v) VERBOSE=1; PASSTHROUGH+=("$1"); shift ;;
     *) PASSTHROUGH+=("$1"); shift ;;
@@ -77,6 +81,7 @@ SUBMIT=(spark-submit
   "${DEFAULTS[@]}"
   --name "danube-pipeline-$(basename "$CONFIG" .yaml)"
   --packages "$PACKAGES"
+  --exclude-packages "$EXCLUDES"
   --archives "${ARCHIVE}#danube_spark"
   --conf spark.executorEnv.PYTHONPATH=danube_spark
   --conf spark.yarn.appMasterEnv.PYTHONPATH=danube_spark

@@ -79,7 +79,7 @@ def speed_layer_load(path: str, threads: int) -> dict:
 def spark_cache_count(path: str, threads: int) -> dict:
     from pyspark.sql import SparkSession
 
-    from pipelines.session import spark_packages
+    from pipelines.session import package_settings
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master(f"local[{threads}]").appName("bench-speedlayer-load")
@@ -89,7 +89,7 @@ def spark_cache_count(path: str, threads: int) -> dict:
              .config("spark.sql.shuffle.partitions", str(threads))
              .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
              .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-             .config("spark.jars.packages", ",".join(spark_packages()))
+             .config(map=package_settings())
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
     try:

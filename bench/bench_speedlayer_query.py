@@ -167,7 +167,7 @@ def speed_layer_phase(path: str, rows: int, samples: int, seconds: float, phases
 def spark_phase(path: str, rows: int, samples: int, phases: dict) -> dict:
     from pyspark.sql import SparkSession
 
-    from pipelines.session import spark_packages
+    from pipelines.session import package_settings
 
     rng = random.Random(2)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -177,7 +177,7 @@ def spark_phase(path: str, rows: int, samples: int, phases: dict) -> dict:
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
              .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-             .config("spark.jars.packages", ",".join(spark_packages())).getOrCreate())
+             .config(map=package_settings()).getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
 
     def run_uncached(sql):

@@ -12,7 +12,13 @@ Central does not serve; the newest Delta jar published for Spark 4.2 is 4.4.0, w
 API is the same. spark-avro is built per Spark release and must be the running Spark's
 version (`avro_package`); Maven Central has no spark-avro for a few releases (4.2.0), for
 which the newest earlier release is used, with a warning. The coordinates live here only:
-`spark-submit.sh` asks `spark_packages()` for them.
+`spark-submit.sh` asks `spark_packages()` and `SPARK_PROVIDED` for them.
+
+Delta's jar depends on jars Spark ships itself, in other versions (`SPARK_PROVIDED`: the Hadoop
+client, Parquet, Jackson, log4j and others). Spark's own copies come first on the driver's and
+the executors' classpath, so Delta's copies were never the ones loaded, yet every driver
+resolved them and copied them (about 75 MB) into its work directory as it started, and every
+executor of a cluster fetched them. They are excluded (`spark.jars.excludes`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,35 @@ DELTA_PACKAGE = f"io.delta:delta-spark_4.2_{SCALA_BINARY}:4.4.0"
 # Spark releases with no spark-avro jar on Maven Central -> the newest published one that works
 # with them (`from_avro`/`to_avro` are checked by the Avro pipeline test).
 AVRO_UNPUBLISHED = {"4.2.0": "4.1.1"}
+
+# Delta 4.4's dependencies that Spark 4.2 ships in its own jars (group:artifact, the form of
+# `spark.jars.excludes`); tests/unit/test_session_packages.py checks each is in pyspark's jars.
+SPARK_PROVIDED = (
+    "com.fasterxml.jackson.core:jackson-annotations",
+    "com.fasterxml.jackson.core:jackson-core",
+    "com.fasterxml.jackson.core:jackson-databind",
+    "com.github.luben:zstd-jni",
+    "com.google.code.findbugs:jsr305",
+    "commons-pool:commons-pool",
+    "io.airlift:aircompressor",
+    "org.apache.hadoop:hadoop-client-api",
+    "org.apache.hadoop:hadoop-client-runtime",
+    "org.apache.logging.log4j:log4j-api",
+    "org.apache.logging.log4j:log4j-core",
+    "org.apache.logging.log4j:log4j-slf4j2-impl",
+    "org.apache.parquet:parquet-column",
+    "org.apache.parquet:parquet-common",
+    "org.apache.parquet:parquet-encoding",
+    "org.apache.parquet:parquet-format-structures",
+    "org.apache.parquet:parquet-hadoop",
+    "org.apache.parquet:parquet-jackson",
+    "org.locationtech.jts:jts-core",
+    "org.roaringbitmap:RoaringBitmap",
+    "org.scala-lang.modules:scala-parallel-collections_2.13",
+    "org.slf4j:slf4j-api",
+    "org.tukaani:xz",
+    "org.xerial.snappy:snappy-java",
+)
 
 # Small-machine defaults, for settings nothing else has set: Spark's 200 shuffle partitions
 # cost seconds per micro-batch on 2 cores. Runtime SQL settings, so they can still be applied
@@ -73,6 +108,13 @@ def spark_packages(spark_version: str | None = None) -> list[str]:
     return [DELTA_PACKAGE, avro_package(spark_version or running_spark_version())]
 
 
+def package_settings(spark_version: str | None = None) -> dict[str, str]:
+    """The Spark settings that put a pipeline's packages on the classpath, for a session this
+    process launches (spark-submit takes the same as `--packages` and `--exclude-packages`)."""
+    return {"spark.jars.packages": ",".join(spark_packages(spark_version)),
+            "spark.jars.excludes": ",".join(SPARK_PROVIDED)}
+
+
 def build_session(app_name: str, conf: Mapping[str, str] | None = None, master: str | None = None) -> SparkSession:
     """Get or create the session for a pipeline and register the `danube` data source.
 
@@ -90,7 +132,8 @@ def build_session(app_name: str, conf: Mapping[str, str] | None = None, master: 
         settings = {**DELTA_CONF, **settings}
         if not _under_spark_submit():
             settings = {**LAUNCH_DEFAULTS, **settings}
-            settings.setdefault("spark.jars.packages", ",".join(spark_packages()))
+            for key, value in package_settings().items():
+                settings.setdefault(key, value)
             builder = builder.master(master or settings.pop("spark.master", "local[*]"))
         elif master is not None:
             builder = builder.master(master)

@@ -269,7 +269,7 @@ def spark():
     """The one local[2] SparkSession with Delta for the whole run (fast settings, UI off)."""
     from pyspark.sql import SparkSession
 
-    from pipelines.session import spark_packages
+    from pipelines.session import package_settings
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -290,7 +290,7 @@ def spark():
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
     )
     # The same Delta and spark-avro jars the pipelines use (one place: pipelines.session).
-    session = builder.config("spark.jars.packages", ",".join(spark_packages())).getOrCreate()
+    session = builder.config(map=package_settings()).getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     from connectors import register
 

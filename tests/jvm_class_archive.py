@@ -34,11 +34,11 @@ _DRIVER = """
 import sys, tempfile
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
-from pipelines.session import spark_packages
+from pipelines.session import package_settings
 spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
          .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
          .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-         .config("spark.jars.packages", ",".join(spark_packages())).getOrCreate())
+         .config(map=package_settings()).getOrCreate())
 work = tempfile.mkdtemp(prefix="jvm-class-archive-")
 spark.range(100).write.format("delta").save(work + "/table")
 spark.read.format("delta").load(work + "/table").count()
@@ -59,9 +59,9 @@ def archive_path(repo_root: Path) -> Path:
 
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
     sys.path.insert(0, str(repo_root))
-    from pipelines.session import spark_packages
+    from pipelines.session import package_settings
 
-    key = hashlib.sha256("\n".join([java, pyspark.__version__, *spark_packages()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\n".join([java, pyspark.__version__, *package_settings().values()]).encode()).hexdigest()[:16]
     return CACHE_DIR / f"spark-driver-{key}.jsa"
 
 

@@ -14,16 +14,19 @@ SPEC="${ROOT}/pipelines/sdp_example/spark-pipeline.yaml"
 if [[ "${1:-}" == "--spec" ]]; then SPEC="$2"; shift 2; fi
 export PYTHONPATH="${ROOT}${PYTHONPATH:+:$PYTHONPATH}"
 DELTA="$(python3 -c 'from pipelines.session import DELTA_PACKAGE; print(DELTA_PACKAGE)')"
+# Delta's dependencies that Spark ships itself are left out (pipelines/session.py says why).
+PROVIDED="$(python3 -c 'from pipelines.session import SPARK_PROVIDED; print(",".join(SPARK_PROVIDED))')"
 IFS=: read -r _ ARTIFACT VERSION <<< "$DELTA"
 JARS="${SPARK_IVY_DIR:-$HOME/.ivy2.5.2}/jars"
 CLASSPATH_JARS="${JARS}/io.delta_${ARTIFACT}-${VERSION}.jar:${JARS}/io.delta_delta-storage-${VERSION}.jar"
 if [[ ! -f "${JARS}/io.delta_${ARTIFACT}-${VERSION}.jar" ]]; then
   NOOP="$(mktemp --suffix=.py)"
-  spark-submit --packages "$DELTA" "$NOOP" >/dev/null || { rm -f "$NOOP"; exit 1; }
+  spark-submit --packages "$DELTA" --exclude-packages "$PROVIDED" "$NOOP" >/dev/null || { rm -f "$NOOP"; exit 1; }
   rm -f "$NOOP"
 fi
 exec spark-pipelines run --spec "$SPEC" \
   --packages "$DELTA" \
+  --exclude-packages "$PROVIDED" \
   --driver-class-path "$CLASSPATH_JARS" \
   --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
   --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \

@@ -1,4 +1,4 @@
-"""The official danube-client against our broker: 10,000 messages with attributes, received by an
+"""The official danube-client against our broker: 4,000 messages with attributes, received by an
 Exclusive and a Shared subscription, on a reliable topic and on a 3-partition topic; what the
 broker wrote (WAL files, cloud objects, etcd keys) decodes with the spec."""
 
@@ -19,7 +19,10 @@ from tests.integration.broker_process import BrokerProcess, run_admin
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-COUNT = 10_000
+# Thousands of messages with 64 sends in flight: enough for acks to pile up by the thousand
+# (the CANCELLED defect below shows at this size) and for WAL frames to be checked across many
+# flushes; 10,000 cost the suite 40 more CPU seconds and found nothing these do not.
+COUNT = 4_000
 IN_FLIGHT = 64
 
 
@@ -120,7 +123,7 @@ def _check_wal_files(wal_dir: str, namespace: str, base: str, partitions: int) -
 
 
 @pytest.mark.parametrize("partitions", [0, 3], ids=["reliable-topic", "three-partitions"])
-def test_ten_thousand_messages_reach_exclusive_and_shared_subscriptions(
+def test_thousands_of_messages_reach_exclusive_and_shared_subscriptions(
     etcd_endpoint, tmp_path, unique_name, partitions
 ):
     broker = BrokerProcess(etcd_endpoint, tmp_path, "a", str(tmp_path / "cloud")).start()

@@ -76,6 +76,30 @@ def test_deleted_object_is_refused_naming_it_and_only_its_messages_are_lost(etcd
 
 def test_deleted_checkpoint_is_refused_and_its_advice_resumes_exactly(etcd_server, tmp_path):
     exactly_once(cases.checkpoint_deleted(tmp_path, etcd_server, SIZES))
+    assert_quiet_exit(last_successful_log(tmp_path, "first"))
+
+
+def last_successful_log(root, tag: str):
+    """The log of a case's run tagged `tag` that ended it (a supervised run's retries are
+    `<tag>-<n>.log`; the last one is the run that succeeded)."""
+    logs = sorted(root.rglob(f"{tag}*.log"), key=lambda path: path.stat().st_mtime)
+    assert logs, f"no {tag}*.log under {root}"
+    return logs[-1]
+
+
+def assert_quiet_exit(log) -> None:
+    """A successful `python -m pipelines run` ends without an ERROR or a traceback.
+
+    Every run used to end with "ERROR StreamingQueryListenerBus: Listener
+    PythonStreamingQueryListenerWrapper threw an exception ... Py4JException": the process
+    exited with listener events still queued for connectors' Python `DanubeCursorCommitter`,
+    and the JVM's shutdown hook delivered them after Python had gone. It happens only when the
+    Python process exits with its session, as each pipeline of this battery does, so the check
+    rides on one of their runs instead of a Spark start of its own."""
+    output = log.read_text(errors="replace")
+    assert " finished: {" in output, output[-3000:]
+    assert "ERROR StreamingQueryListenerBus" not in output, output[-3000:]
+    assert "Traceback" not in output and " ERROR " not in output, output[-3000:]
 
 
 def test_same_pipeline_started_twice_on_one_subscription(etcd_server, tmp_path):

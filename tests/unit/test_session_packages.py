@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pyspark
 import pytest
 
@@ -26,3 +29,17 @@ def test_running_spark_version_is_spark_homes_when_set(tmp_path, monkeypatch) ->
 def test_running_spark_version_is_pyspark_without_spark_home(monkeypatch) -> None:
     monkeypatch.delenv("SPARK_HOME", raising=False)
     assert session.running_spark_version() == pyspark.__version__
+
+
+def test_every_excluded_dependency_is_a_jar_spark_ships() -> None:
+    """An exclusion of a jar Spark no longer ships would leave a class of Delta's missing."""
+    jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    for coordinate in session.SPARK_PROVIDED:
+        artifact = coordinate.split(":")[1]
+        assert any(re.fullmatch(rf"{re.escape(artifact)}-\d[\w.-]*\.jar", name) for name in jars), coordinate
+
+
+def test_package_settings_name_the_packages_and_the_exclusions() -> None:
+    settings = session.package_settings("4.1.1")
+    assert settings["spark.jars.packages"].split(",") == session.spark_packages("4.1.1")
+    assert "org.apache.hadoop:hadoop-client-runtime" in settings["spark.jars.excludes"].split(",")
