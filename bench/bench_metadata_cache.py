@@ -1,5 +1,8 @@
 """A stream's metadata costs against the size of the cluster around it.
 
+Why one module of ~530 lines: a benchmark is read as one script, from the etcd it fills to the
+tables it prints, its S3 and `--spark` cases included; what benchmarks share is `bench/common.py`.
+
 What a `readStream.format("danube")` query's driver pays before its first batch and on every
 trigger must follow the topic it reads, not the cluster: how many other topics etcd holds, how
 long the topic's history is. Each case runs what Spark's streaming-source process runs for a

@@ -1,0 +1,263 @@
+"""The gateway's Flight SQL statements without servers: command decoding, statement analysis
+(datasets, qualifiers, shapes, trailing semicolons and comments, refusals), parameter binding and
+typing, and routing a statement, a join included, to the workers and epochs holding its datasets.
+Sessions, held statements, metadata tables and status codes are in `test_flight_sql_session_units`."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import re
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from google.protobuf import any_pb2
+
+from speedlayer.api import flight_sql_pb2 as sql_pb2
+from speedlayer.errors import InvalidQueryError, InvalidRequestError
+from speedlayer.gateway.flight_sql.messages import ReadOnlyError, UnsupportedCommandError, pack, unpack
+from speedlayer.gateway.flight_sql.parameters import parameter_literals, parameter_schema
+from speedlayer.gateway.flight_sql.parameters import same_kind as _same_kind
+from speedlayer.gateway.flight_sql.service import FlightSqlService
+from speedlayer.gateway.flight_sql.statements import LIMIT_HINT, analyse
+from speedlayer.gateway.routing import ReplicaEndpoint, Route
+from speedlayer.gateway.server import authenticate, colocated
+from tests.speedlayer.flight_sql_fakes import CallContext as _Context
+from tests.speedlayer.flight_sql_fakes import command_descriptor as _descriptor
+from tests.speedlayer.flight_sql_fakes import gateway_config as _config
+
+pytestmark = pytest.mark.unit
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+
+def test_malformed_and_refused_commands_get_clear_errors():
+    with pytest.raises(InvalidRequestError, match="not a Flight SQL command"):
+        unpack(b"\xff\xff\xff", "GetFlightInfo")
+    with pytest.raises(InvalidRequestError, match="type URL 'type.googleapis.com/other.Message'"):
+        unpack(any_pb2.Any(type_url="type.googleapis.com/other.Message").SerializeToString(), "GetFlightInfo")
+    update = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandStatementUpdate")
+    with pytest.raises(ReadOnlyError, match="read-only") as refused:
+        unpack(update.SerializeToString(), "GetFlightInfo")
+    assert refused.value.status_name == "UNIMPLEMENTED"
+    keys = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandGetXdbcTypeInfo")
+    with pytest.raises(UnsupportedCommandError, match="CommandGetXdbcTypeInfo is not supported"):
+        unpack(keys.SerializeToString(), "GetFlightInfo")
+    broken = any_pb2.Any(type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandStatementQuery",
+                         value=b"\x0a\x05ab")  # a string field cut short
+    with pytest.raises(InvalidRequestError, match="malformed CommandStatementQuery"):
+        unpack(broken.SerializeToString(), "GetFlightInfo")
+    query = unpack(pack(sql_pb2.CommandStatementQuery(query="SELECT 1")), "GetFlightInfo")
+    assert isinstance(query, sql_pb2.CommandStatementQuery) and query.query == "SELECT 1"
+
+
+def test_type_urls_are_flight_sqls():
+    packed = any_pb2.Any.FromString(pack(sql_pb2.TicketStatementQuery(statement_handle=b"h")))
+    assert packed.type_url == "type.googleapis.com/arrow.flight.protocol.sql.TicketStatementQuery"
+
+
+# ---- statements ------------------------------------------------------------------------------
+
+
+def test_analyse_finds_datasets_parameters_and_cuts_the_tenants_qualifiers():
+    statement = analyse('SELECT o.id FROM speedlayer.acme."orders" o WHERE day = ? AND amount < ? LIMIT ?', "acme")
+    assert statement.datasets == ("orders",) and statement.parameter_count == 3
+    assert statement.parameter_hints == ("day", "amount", LIMIT_HINT)
+    assert statement.render(("'d'", "1.5", "3")) == \
+        'SELECT o.id FROM "orders" AS "o" WHERE day = \'d\' AND amount < 1.5 LIMIT 3'
+    with_cte = analyse("WITH recent AS (SELECT * FROM orders WHERE id > $1) SELECT count(*) FROM recent", "acme")
+    assert with_cte.datasets == ("orders",) and with_cte.render(("7",)).endswith("id > 7) SELECT count(*) FROM recent")
+    numbered = analyse("SELECT * FROM orders WHERE day = $2 AND id = $1", "acme")
+    assert numbered.render(("7", "'d'")) == "SELECT * FROM orders WHERE day = 'd' AND id = 7"
+    assert numbered.parameter_hints == ("id", "day")
+    assert analyse("SELECT 'é', id FROM acme.orders WHERE id = ?", "acme").render(("1",)) == \
+        "SELECT 'é', id FROM \"orders\" WHERE id = 1"  # byte offsets after a non-ASCII character
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("INSERT INTO orders VALUES (1)", "SELECT"),
+    ("SELECT 1; SELECT 2", "expected one SELECT statement"),
+    ("SELECT * FROM other.orders", "'other.orders'"),
+    ("SELECT * FROM read_parquet('/etc/x')", "table function read_parquet"),
+    ("SELECT * FROM orders WHERE id = $2", "numbered from \\$1"),
+    ("SELEC 1", "syntax error"),
+])
+def test_analyse_refuses(sql, message):
+    with pytest.raises(InvalidQueryError, match=message):
+        analyse(sql, "acme")
+
+
+def test_statements_differing_only_in_filter_literals_share_a_shape():
+    def shape(sql: str) -> str:
+        return analyse(sql, "acme").shape
+
+    assert shape("SELECT * FROM orders WHERE id = 5 AND day = 'a' LIMIT 10") == \
+        shape("SELECT *  FROM orders WHERE id = 61234 AND day = 'bbb' LIMIT 3")
+    assert shape("SELECT day, count(*) FROM orders GROUP BY day HAVING count(*) > 1") == \
+        shape("SELECT day, count(*) FROM orders GROUP BY day HAVING count(*) > 100")
+    assert shape("SELECT 5 AS x FROM orders") != shape("SELECT 5000000000 AS x FROM orders")  # INTEGER vs BIGINT
+    assert shape("SELECT id FROM orders WHERE id = 5") != shape("SELECT day FROM orders WHERE id = 5")
+
+
+def test_the_schema_probe_survives_a_statement_ending_with_a_comment():
+    from speedlayer.gateway.flight_sql.service import probe_sql
+
+    duckdb = pytest.importorskip("duckdb")
+    for sql in ("SELECT 1 AS n -- the end", "SELECT 1 AS n -- the end;", "SELECT 1 AS n;", "SELECT 1 AS n; -- the end",
+                "SELECT 1 AS n /* a; b */ ;;\n-- c\n;", "SELECT 1 AS n;;;"):
+        probe = probe_sql(analyse(sql.replace("SELECT 1 AS n", "SELECT 1 AS n FROM orders"), "acme"))
+        with duckdb.connect() as conn:
+            conn.execute("CREATE TABLE orders AS SELECT 1 AS id")
+            assert [d[0] for d in conn.execute(probe).description] == ["n"], probe
+
+
+def test_semicolons_and_comments_after_a_statement_are_cut_and_a_second_statement_is_named():
+    for sql in ("SELECT 'é;--' AS x FROM orders WHERE id = ?; -- lookup", "SELECT 'é;--' AS x FROM orders WHERE id = ?",
+                "SELECT 'é;--' AS x FROM orders WHERE id = ? /* c; */ ;;\n", "SELECT 'é;--' AS x FROM orders WHERE id = ?;--"):
+        assert analyse(sql, "acme").render(("1",)) == "SELECT 'é;--' AS x FROM orders WHERE id = 1", sql
+    for sql, second in (("SELECT * FROM orders; SELECT * FROM items", "SELECT * FROM items"),
+                        ("SELECT * FROM orders; -- c\nDELETE FROM orders", "DELETE FROM orders")):
+        with pytest.raises(InvalidQueryError, match=re.escape(f"another statement, {second!r}")) as refused:
+            analyse(sql, "acme")
+        assert refused.value.status_name == "INVALID_ARGUMENT"
+
+
+# ---- parameters ------------------------------------------------------------------------------
+
+
+def test_parameters_become_typed_literals_and_bad_ones_are_refused():
+    batch = pa.record_batch({
+        "i": [7], "s": ["it's"], "f": [0.25], "b": [True], "d": [datetime.date(2024, 1, 2)],
+        "t": pa.array([datetime.datetime(2024, 1, 2, 3, 4, 5)], pa.timestamp("us")), "n": pa.array([None], pa.int64()),
+        "x": [b"\x00\xff"], "m": pa.array([decimal.Decimal("1.50")], pa.decimal128(5, 2)),
+    })
+    assert parameter_literals(batch, 9) == (
+        "CAST(7 AS BIGINT)", "CAST('it''s' AS VARCHAR)", "CAST(0.25 AS DOUBLE)", "CAST(TRUE AS BOOLEAN)",
+        "CAST('2024-01-02' AS DATE)", "CAST('2024-01-02 03:04:05' AS TIMESTAMP)", "NULL",
+        "CAST('\\x00\\xFF' AS BLOB)", "CAST('1.50' AS DECIMAL(5, 2))")
+    with pytest.raises(InvalidRequestError, match="takes 2 parameter\\(s\\); 1 were bound"):
+        parameter_literals(pa.record_batch({"a": [1]}), 2)
+    with pytest.raises(InvalidRequestError, match="one row of parameters"):
+        parameter_literals(pa.record_batch({"a": [1, 2]}), 1)
+    with pytest.raises(InvalidRequestError, match="parameter 1 \\('a'\\): type list<item: int64> is not supported"):
+        parameter_literals(pa.record_batch({"a": [[1]]}), 1)
+
+
+def test_parameter_schema_types_parameters_by_the_columns_they_meet():
+    columns = pa.schema([("id", pa.int64()), ("day", pa.string())])
+    statement = analyse("SELECT * FROM orders WHERE id = ? AND day IN (?, ?) AND ? + 1 > 2 LIMIT ?", "acme")
+    assert parameter_schema(statement, columns).types == [pa.int64(), pa.string(), pa.string(), pa.string(), pa.int64()]
+
+
+def test_a_statements_schema_is_known_ahead_only_when_its_parameters_filter():
+    assert analyse("SELECT * FROM orders WHERE id = ? LIMIT ?", "acme").fixed_schema
+    assert analyse("SELECT day FROM orders GROUP BY day HAVING count(*) > ?", "acme").fixed_schema
+    assert not analyse("SELECT ? AS x FROM orders", "acme").fixed_schema
+    assert not analyse("SELECT coalesce(day, ?) FROM orders WHERE id = ?", "acme").fixed_schema
+    assert _same_kind(pa.utf8(), pa.large_string()) and _same_kind(pa.int64(), pa.float64())
+    assert _same_kind(pa.null(), pa.int32()) and _same_kind(pa.date32(), pa.timestamp("us"))
+    assert not _same_kind(pa.utf8(), pa.int64()) and not _same_kind(pa.int64(), pa.utf8())
+
+
+# ---- routing and joins -----------------------------------------------------------------------
+
+
+def test_a_statement_is_routed_by_its_first_dataset_and_joins_the_others():
+    assert analyse("SELECT * FROM orders JOIN items USING (id)", "acme").targets() == ("items", ("orders",))
+    with pytest.raises(InvalidQueryError, match="names no dataset"):
+        analyse("SELECT 1", "acme").targets()
+
+
+def test_a_join_runs_only_on_a_worker_holding_every_dataset():
+    def route(dataset: str, *workers: str) -> Route:
+        return Route("acme", dataset, f"{dataset}-e1", 1, tuple(ReplicaEndpoint(w, f"{w}:1") for w in workers))
+
+    joint = colocated([route("items", "w2", "w1", "w3"), route("orders", "w1", "w2")])
+    assert [r.worker for r in joint.replicas] == ["w2", "w1"] and joint.epoch == "items-e1"
+    with pytest.raises(InvalidQueryError, match="datasets items, orders: no worker holds READY replicas of all of "
+                                                "them \\(items \\(epoch items-e1\\) on w1; orders \\(epoch "
+                                                "orders-e1\\) on w2, w3\\)"):
+        colocated([route("items", "w1"), route("orders", "w2", "w3")])
+
+
+def test_query_tickets_carry_joined_datasets_and_the_guard_admits_only_those():
+    from speedlayer.protocol.query import QueryRequest
+    from speedlayer.worker.sql_guard import check_query
+
+    request = QueryRequest("items", "SELECT 1", epoch="e1", joined=(("orders", "e2"),))
+    assert QueryRequest.from_ticket(request.to_ticket()) == request
+    assert b"joined" not in QueryRequest("items", "SELECT 1").to_ticket()  # the native ticket, unchanged
+    with pytest.raises(InvalidRequestError, match="'joined' must map dataset -> epoch"):
+        QueryRequest.from_ticket(b'{"dataset": "items", "sql": "SELECT 1", "joined": ["orders"]}')
+    check_query("SELECT * FROM items JOIN orders USING (id)", "items", ("orders",))
+    with pytest.raises(InvalidQueryError, match="it reads 'orders'"):
+        check_query("SELECT * FROM items JOIN orders USING (id)", "items")
+
+
+class _Routing:
+    """Routes each dataset to `epochs[dataset]` (changed by a test to make a newer epoch READY)."""
+
+    def __init__(self, epochs: dict[str, str]) -> None:
+        self.epochs = epochs
+
+    def route(self, tenant: str, dataset: str, client_id: str, epoch: str | None = None) -> Route:
+        return Route(tenant, dataset, epoch or self.epochs[dataset], 1, (ReplicaEndpoint("w1", "127.0.0.1:1"),))
+
+    def datasets(self, tenant: str) -> list[str]:
+        return sorted(self.epochs)
+
+
+class _RecordingGateway:
+    """Answers every statement with one int64 column `n` and records each run's pinned epochs."""
+
+    schema = pa.schema([("n", pa.int64())])
+
+    def __init__(self, epochs: dict[str, str]) -> None:
+        self.config = _config()
+        self.routing = _Routing(epochs)
+        self.runs: list[tuple[str, str | None, tuple[str, ...], tuple[str | None, ...]]] = []
+
+    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=(), joined_epochs=()):
+        self.runs.append((sql, epoch, tuple(joined), tuple(joined_epochs)))
+        if "syntax" in sql.split("LIMIT 0")[-1]:  # nothing follows the probe's LIMIT 0
+            raise InvalidQueryError("Parser Error: syntax error")
+        return self.schema, [pa.record_batch([pa.array([len(self.runs)])], schema=self.schema)]
+
+    def relay(self, batches, tenant, started, context):
+        return batches
+
+
+def _prepare(service, context, sql: str) -> bytes:
+    body = pack(sql_pb2.ActionCreatePreparedStatementRequest(query=sql))
+    [result] = service.do_action(context, flight.Action("CreatePreparedStatement", body))
+    packed, created = any_pb2.Any(), sql_pb2.ActionCreatePreparedStatementResult()
+    packed.ParseFromString(result.body.to_pybytes())
+    packed.Unpack(created)
+    return created.prepared_statement_handle
+
+
+def test_a_join_started_early_is_pinned_to_every_epoch_and_not_served_after_a_newer_one():
+    import time
+
+    gateway = _RecordingGateway({"orders": "o1", "items": "i1"})
+    service = FlightSqlService(gateway, authenticate)
+    context = _Context({"authorization": f"Bearer {service.sessions.issue('acme')}"})
+    try:
+        handle = _prepare(service, context, "SELECT count(*) AS n FROM orders JOIN items USING (id)")
+        deadline = time.monotonic() + 10
+        while not any(run[0].startswith("SELECT count") for run in gateway.runs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        early = [run for run in gateway.runs if run[0].startswith("SELECT count")]
+        assert early == [(early[0][0], "i1", ("orders",), ("o1",))]  # every dataset pinned (items routes)
+        probes = [run for run in gateway.runs if "speedlayer_probe" in run[0]]
+        assert probes and all(run[1:] == ("i1", ("orders",), ("o1",)) for run in probes)
+        gateway.routing.epochs["orders"] = "o2"  # a newer READY epoch of the joined dataset
+        before = len(gateway.runs)
+        service.get_flight_info(context, _descriptor(sql_pb2.CommandPreparedStatementQuery(
+            prepared_statement_handle=handle)))
+        # The early answer (orders o1) is dropped: the statement runs again, on the newest epochs.
+        assert [run[1:] for run in gateway.runs[before:]] == [(None, ("orders",), ())]
+    finally:
+        service.close()
