@@ -51,7 +51,7 @@ from typing import Iterator
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
-from common import Column, machine_info, print_table, profile_top, timed, write_results  # noqa: E402
+from common import Column, machine_info, print_table, profile_top, rss_mb, timed, write_results  # noqa: E402
 from danube_core import keys  # noqa: E402
 from danube_core.records import (  # noqa: E402
     NULL_JSON, RELIABLE, BrokerRegistration, BrokerState, Policies, ProducerRecord, SubscriptionRecord,
@@ -103,14 +103,6 @@ def foreign_writes(topics: int, served: int, count: int) -> Iterator[tuple[str, 
 # ---- one case, in a process of its own --------------------------------------------------------
 
 
-def vm_rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def scan_owner(metadata, topic: TopicName) -> int | None:
     """`TopicRegistry.owner` before issue 25: every assignment key of the cluster, per lookup."""
     for key, _ in metadata.get_prefix(keys.BROKERS_PREFIX, keys_only=True):
@@ -149,7 +141,7 @@ def run_case(spec: dict) -> dict:
     store = EtcdMetadataStore(spec["endpoint"])
     topics, served, whole_tree = spec["topics"], spec["served"], spec["mode"] == "whole tree"
     gc.collect()
-    rss_before = vm_rss_mb()
+    rss_before = rss_mb()
     with timed() as started:  # what BrokerServer.start, then the topics' loads, do
         if whole_tree:
             cache = LocalCache(store, WHOLE_TREE_PREFIXES, name="bench").start()
@@ -159,7 +151,7 @@ def run_case(spec: dict) -> dict:
             for i in range(served):
                 keys_served.serve(topic_name(i))
     gc.collect()
-    rss_started = vm_rss_mb()
+    rss_started = rss_mb()
     lookups = CachedMetadataStore(store, cache)
     registry = TopicRegistry(lookups)
     owner = (lambda name: scan_owner(lookups, name)) if whole_tree else registry.owner

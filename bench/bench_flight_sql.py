@@ -37,16 +37,17 @@ import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 from bench_speedlayer_query import AGG_SQL, POINT_SQL, Phase, percentiles, write_orders  # noqa: E402
-from common import Column, machine_info, print_table, write_results  # noqa: E402
+from common import Column, closed_loop_load, machine_info, print_table, write_results  # noqa: E402
 
 POINT_GOAL_RATIO, AGG_GOAL_RATIO = 1.5, 1.2
 POINT_PREPARED_SQL = "SELECT * FROM orders WHERE order_id = ?"
@@ -94,35 +95,19 @@ def latency_phase(gateway: str, rows: int, samples: int) -> dict:
     return {name: percentiles(samples_ms) for name, samples_ms in out.items()}
 
 
-def adbc_worker_kill(gateway: str, rows: int, clients: int, seconds: float, kill) -> dict:
-    ok, failures, lock, stop = [0], [], threading.Lock(), threading.Event()
-
-    def client_loop(i: int) -> None:
+def adbc_worker_kill(gateway: str, rows: int, clients: int, seconds: float, kill: Callable[[], object]) -> dict:
+    """Prepared point lookups by `clients` ADBC clients while `kill` runs at half time (`closed_loop_load`)."""
+    @contextmanager
+    def point_lookups(i: int) -> Iterator[Callable[[], None]]:
         rng = random.Random(i)
         with adbc_connection(gateway) as conn, conn.cursor() as cursor:
-            while not stop.is_set():
-                try:
-                    cursor.execute(POINT_PREPARED_SQL, parameters=(f"o-{rng.randrange(rows):09d}",))
-                    assert cursor.fetch_arrow_table().num_rows == 1
-                    with lock:
-                        ok[0] += 1
-                except Exception as exc:  # noqa: BLE001 - counted and reported
-                    with lock:
-                        failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+            def lookup() -> None:
+                cursor.execute(POINT_PREPARED_SQL, parameters=(f"o-{rng.randrange(rows):09d}",))
+                assert cursor.fetch_arrow_table().num_rows == 1
 
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds / 2)
-    kill()
-    time.sleep(seconds / 2)
-    stop.set()
-    for thread in threads:
-        thread.join(30)
-    wall = time.perf_counter() - started
-    return {"clients": clients, "seconds": round(wall, 2), "statements": ok[0], "failed": len(failures),
-            "per_s": round(ok[0] / wall, 1), "failures_sample": failures[:3]}
+            yield lookup
+
+    return closed_loop_load(point_lookups, clients, seconds, during=kill).summary("statements", "per_s")
 
 
 CATALOG_TENANTS = ("neighbour-a", "neighbour-b")  # the other tenants of the catalog case

@@ -59,7 +59,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
 from bench_connector import put_all  # noqa: E402
-from common import Column, machine_info, print_table, timed, write_results  # noqa: E402
+from common import Column, machine_info, print_table, rss_mb, timed, write_results  # noqa: E402
 from devstack.embedded_etcd import EmbeddedEtcd  # noqa: E402
 from danube_core import keys  # noqa: E402
 from danube_core.metadata_etcd import EtcdMetadataStore  # noqa: E402
@@ -153,14 +153,6 @@ class Uploader(threading.Thread):
 # ---- one case, in a process of its own --------------------------------------------------------
 
 
-def vm_rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def run_case(spec: dict) -> dict:
     """The stream driver of one query: start, then `triggers` triggers. Runs in the child."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -176,12 +168,12 @@ def run_case(spec: dict) -> dict:
         "storage.options": json.dumps(spec.get("storage_options", {})), "walRoot": "none",
         "topic": spec["topic"], "subscription": spec["subscription"], "startingOffsets": spec["starting"],
     }))
-    rss_before = vm_rss_mb()
+    rss_before = rss_mb()
     with timed() as started:  # what a query does before its first batch: start -> first progress
         start = reader.initialOffset()
         end = reader.latestOffset(start, ReadAllAvailable())
         reader.partitions(start, end)
-    rss_started = vm_rss_mb()
+    rss_started = rss_mb()
     state = reader._state
     assert state is not None
     etcd, rows = counters[0], []
@@ -328,14 +320,6 @@ def etcd_range_calls(endpoint: str) -> int:
     text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10).read().decode()
     match = RANGE_STARTED.search(text)
     return int(match.group(1)) if match else 0
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return float("nan")
 
 
 def source_runners() -> dict[int, float]:

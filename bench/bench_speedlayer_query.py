@@ -28,15 +28,16 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
-from common import Column, Phase, machine_info, print_table, write_results  # noqa: E402
+from common import Column, Phase, closed_loop_load, machine_info, print_table, write_results  # noqa: E402
 from pyspy_profile import print_summary, profile_processes  # noqa: E402
 
 POINT_GOAL_MS, POINT_GOAL_RATIO, AGG_GOAL_RATIO = 20.0, 100.0, 10.0
@@ -86,39 +87,17 @@ def timed_queries(run, sqls: list[str]) -> list[float]:
 
 
 def concurrent_load(gateway: str, tenant: str, rows: int, clients: int, seconds: float,
-                    during=None) -> dict:
+                    during: Callable[[], object] | None = None) -> dict:
+    """Point lookups of random ids by `clients` native clients (`closed_loop_load`)."""
     from speedlayer.clients import QueryClient
 
-    ok, failures, lock, stop = [0], [], threading.Lock(), threading.Event()
-
-    def client_loop(i: int) -> None:
+    @contextmanager
+    def point_lookups(i: int) -> Iterator[Callable[[], object]]:
         rng = random.Random(i)
         with QueryClient(gateway, tenant, client_id=f"bench-{i}", timeout_ms=10_000) as client:
-            while not stop.is_set():
-                try:
-                    client.query("orders", POINT_SQL.format(id=f"o-{rng.randrange(rows):09d}"))
-                    with lock:
-                        ok[0] += 1
-                except Exception as exc:  # noqa: BLE001 - counted and reported
-                    with lock:
-                        failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+            yield lambda: client.query("orders", POINT_SQL.format(id=f"o-{rng.randrange(rows):09d}"))
 
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    if during is not None:
-        time.sleep(seconds / 2)
-        during()
-        time.sleep(seconds / 2)
-    else:
-        time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join(30)
-    wall = time.perf_counter() - started
-    return {"clients": clients, "seconds": round(wall, 2), "queries": ok[0], "failed": len(failures),
-            "qps": round(ok[0] / wall, 1), "failures_sample": failures[:3]}
+    return closed_loop_load(point_lookups, clients, seconds, during).summary("queries", "qps")
 
 
 def speed_layer_phase(path: str, rows: int, samples: int, seconds: float, phases: dict) -> dict:

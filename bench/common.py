@@ -23,11 +23,12 @@ import platform
 import pstats
 import shutil
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence, TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -104,6 +105,22 @@ def tree_cpu_s(root: int | None = None) -> float:
     return sum(ticks.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_mb(pid: int | None = None) -> float:
+    """Resident memory (VmRSS) of process `pid` (default: this one) in MiB, from /proc/<pid>/status.
+
+    NaN when the process is gone or reports no VmRSS (a zombie): benchmarks sample processes
+    that may exit meanwhile, and a missing figure must not end the run. Linux only.
+    """
+    try:
+        with open(f"/proc/{'self' if pid is None else pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return float("nan")
+
+
 
 class Phase:
     """Wall and process-tree CPU seconds of one phase, with the load average at its end."""
@@ -135,6 +152,61 @@ def wait_for(check: Callable[[], T], deadline_s: float = 120.0, interval_s: floa
             pass
         time.sleep(interval_s)
     raise TimeoutError("condition not met")
+
+@dataclass(frozen=True)
+class LoadRun:
+    """What `closed_loop_load` measured: its clients, wall seconds, calls that returned and the
+    failures (type and first words of each)."""
+
+    clients: int
+    wall_s: float
+    calls: int
+    failures: list[str]
+
+    def summary(self, calls_key: str, rate_key: str) -> dict[str, Any]:
+        """The figures as the results JSON holds them, the calls and their rate per second under
+        the benchmark's own names (`queries`/`qps`, `statements`/`per_s`), as earlier results do."""
+        return {"clients": self.clients, "seconds": round(self.wall_s, 2), calls_key: self.calls,
+                "failed": len(self.failures), rate_key: round(self.calls / self.wall_s, 1),
+                "failures_sample": self.failures[:3]}
+
+
+def closed_loop_load(open_client: Callable[[int], ContextManager[Callable[[], object]]], clients: int,
+                     seconds: float, during: Callable[[], object] | None = None) -> LoadRun:
+    """`clients` threads, client `i` opening its connection with `open_client(i)` and calling what
+    that yields back to back (closed loop: each waits for its answer) for `seconds`.
+
+    `during` (a fault, such as a killed worker) runs at half time. A call that raises counts as a
+    failure and the loop goes on: what a fault costs is the calls it fails, not a stopped client.
+    """
+    calls, failures, lock, stop = [0], [], threading.Lock(), threading.Event()
+
+    def client_loop(i: int) -> None:
+        with open_client(i) as call:
+            while not stop.is_set():
+                try:
+                    call()
+                    with lock:
+                        calls[0] += 1
+                except Exception as exc:  # noqa: BLE001 - counted and reported
+                    with lock:
+                        failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    if during is not None:
+        time.sleep(seconds / 2)
+        during()
+        time.sleep(seconds / 2)
+    else:
+        time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    return LoadRun(clients, time.perf_counter() - started, calls[0], failures)
+
 
 def drain_timed(items: Iterator[T], total: Timing) -> list[T]:
     """Drain `items`, adding only the time spent producing them (not the caller's) to `total`."""

@@ -32,6 +32,8 @@ from danube_core.errors import ConfigError
 from danube_core.etcd_settings import EtcdKeyNames, EtcdSettings, parse_etcd_settings
 from danube_core.records import Policies
 
+from broker.option_scope import OptionScope
+
 logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "DANUBE_"
@@ -171,14 +173,12 @@ class _Reader:
 
     def __init__(self, source: str, path: str, raw: Any) -> None:
         self.source, self.path = source, path
+        self.scope = OptionScope(f"config {source}:")
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
-            raise self.error(path or "<top level>", raw, "a mapping")
+            raise self.scope.invalid(path or "<top level>", raw, "a mapping")
         self.raw = raw
-
-    def error(self, key: str, value: Any, expected: str) -> ConfigError:
-        return ConfigError(f"config {self.source}: {key}={value!r} is invalid; expected {expected}")
 
     def key(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
@@ -186,7 +186,8 @@ class _Reader:
     def only(self, allowed: set[str]) -> None:
         for name in self.raw:
             if name not in allowed:
-                raise self.error(self.key(str(name)), self.raw[name], "one of the keys " + ", ".join(sorted(allowed)))
+                raise self.scope.invalid(self.key(str(name)), self.raw[name],
+                                         "one of the keys " + ", ".join(sorted(allowed)))
 
     def section(self, name: str) -> "_Reader":
         return _Reader(self.source, self.key(name), self.raw.get(name))
@@ -196,7 +197,7 @@ class _Reader:
         if value is None and default is None:
             return None
         if not check(value):
-            raise self.error(self.key(name), value, expected)
+            raise self.scope.invalid(self.key(name), value, expected)
         return value
 
     def integer(self, name: str, default: int | None, minimum: int = 0, maximum: int = 2**64 - 1) -> int | None:
@@ -310,7 +311,7 @@ def _meta_store(section: _Reader) -> MetaStoreConfig:
         port=port,
         embedded=section.flag("embedded", False),
         data_dir=section.text("data_dir", "./danube-data/etcd"),
-        etcd=parse_etcd_settings({**section.raw, "endpoints": f"{host}:{port}"}, names, section.error),
+        etcd=parse_etcd_settings({**section.raw, "endpoints": f"{host}:{port}"}, names, section.scope.invalid),
     )
 
 

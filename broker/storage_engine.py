@@ -14,22 +14,20 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from danube_core.errors import ConfigError, MetadataError
+from danube_core.errors import MetadataError
 from danube_core.keys import DEFAULT_ROOT_PREFIX, StorageKeys, broker_state_key
 from danube_core.metadata import MetadataStore
 from danube_core.objectstore import ObjectStore, normalize_url
 from danube_core.records import BrokerState, SealedState
 from danube_core.topics import TopicName
 
+from broker.option_scope import OptionScope
 from broker.topic_storage import ReliableTopicStorage, TopicClosedError, delete_topic_keys
 from broker.wal import WalConfig
 
 logger = logging.getLogger(__name__)
 
-
-def _check(ok: bool, option: str, value: object, accepted: str) -> None:
-    if not ok:
-        raise ConfigError(f"storage option {option}={value!r} is invalid; expected {accepted}")
+_STORAGE_OPTION = OptionScope("storage option")
 
 
 @dataclass(frozen=True)
@@ -53,16 +51,17 @@ class StorageSettings:
     retention_check_interval_s: float = 300.0
 
     def __post_init__(self) -> None:
-        _check(bool(self.cloud_url), "cloud_url", self.cloud_url, "an object store URL or directory")
-        _check(self.uploader_interval_s > 0, "uploader_interval_s", self.uploader_interval_s, "seconds > 0")
-        _check(self.max_object_bytes is None or self.max_object_bytes > 0, "max_object_bytes",
-               self.max_object_bytes, "None (no cap) or bytes > 0")
-        _check(self.retention_max_age_s is None or self.retention_max_age_s >= 0, "retention_max_age_s",
-               self.retention_max_age_s, "None (off) or seconds >= 0")
-        _check(self.retention_max_total_bytes is None or self.retention_max_total_bytes >= 0,
-               "retention_max_total_bytes", self.retention_max_total_bytes, "None (off) or bytes >= 0")
-        _check(self.retention_check_interval_s > 0, "retention_check_interval_s",
-               self.retention_check_interval_s, "seconds > 0")
+        require = _STORAGE_OPTION.require
+        require(bool(self.cloud_url), "cloud_url", self.cloud_url, "an object store URL or directory")
+        require(self.uploader_interval_s > 0, "uploader_interval_s", self.uploader_interval_s, "seconds > 0")
+        require(self.max_object_bytes is None or self.max_object_bytes > 0, "max_object_bytes",
+                self.max_object_bytes, "None (no cap) or bytes > 0")
+        require(self.retention_max_age_s is None or self.retention_max_age_s >= 0, "retention_max_age_s",
+                self.retention_max_age_s, "None (off) or seconds >= 0")
+        require(self.retention_max_total_bytes is None or self.retention_max_total_bytes >= 0,
+                "retention_max_total_bytes", self.retention_max_total_bytes, "None (off) or bytes >= 0")
+        require(self.retention_check_interval_s > 0, "retention_check_interval_s",
+                self.retention_check_interval_s, "seconds > 0")
 
 
 def _scheme(url: str) -> str:

@@ -39,7 +39,7 @@ from itertools import islice
 from typing import Callable, Iterable, Iterator
 
 from danube_core.checkpoints import WAL_CHECKPOINT_NAME, WalCheckpoint, write_checkpoint
-from danube_core.errors import ConfigError, DanubeError
+from danube_core.errors import DanubeError
 from danube_core.frames import FRAME_HEADER_SIZE, STOP_END, encode_frame
 from danube_core.message import StreamMessage, encode_message, with_offset
 from danube_core.topics import TopicName
@@ -53,12 +53,11 @@ from danube_core.wal_files import (
     segment_file_name,
 )
 
+from broker.option_scope import OptionScope
+
 logger = logging.getLogger(__name__)
 
-
-def _require(ok: bool, option: str, value: object, accepted: str) -> None:
-    if not ok:
-        raise ConfigError(f"WAL option {option}={value!r} is invalid; expected {accepted}")
+_WAL_OPTION = OptionScope("WAL option")
 
 
 @dataclass(frozen=True)
@@ -79,17 +78,18 @@ class WalConfig:
     cache_capacity: int = 1024
 
     def __post_init__(self) -> None:
-        _require(bool(self.root), "root", self.root, "a directory path")
-        _require(
+        require = _WAL_OPTION.require
+        require(bool(self.root), "root", self.root, "a directory path")
+        require(
             bool(self.file_name) and "/" not in self.file_name and self.file_name != WAL_CHECKPOINT_NAME,
             "file_name", self.file_name, "a plain file name such as wal.log",
         )
-        _require(self.fsync_interval_ms > 0, "fsync_interval_ms", self.fsync_interval_ms, "an integer > 0")
-        _require(self.max_batch_bytes > 0, "max_batch_bytes", self.max_batch_bytes, "an integer > 0")
+        require(self.fsync_interval_ms > 0, "fsync_interval_ms", self.fsync_interval_ms, "an integer > 0")
+        require(self.max_batch_bytes > 0, "max_batch_bytes", self.max_batch_bytes, "an integer > 0")
         for name in ("rotate_max_bytes", "rotate_max_seconds"):
             value = getattr(self, name)
-            _require(value is None or value > 0, name, value, "None (off) or an integer > 0")
-        _require(self.cache_capacity >= 0, "cache_capacity", self.cache_capacity, "an integer >= 0")
+            require(value is None or value > 0, name, value, "None (off) or an integer > 0")
+        require(self.cache_capacity >= 0, "cache_capacity", self.cache_capacity, "an integer >= 0")
 
 
 def _fsync_dir(directory: str) -> None:

@@ -7,8 +7,9 @@ A value that is not what its key should hold raises `MetadataError` naming the k
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Iterator
 
 from danube_core.errors import MetadataError
 
@@ -40,6 +41,17 @@ def _pick(cls: type, value: dict[str, Any]) -> dict[str, Any]:
     return {name: value[name] for name in names if name in value}
 
 
+@contextmanager
+def _reading(key: str, kind: str, caught: tuple[type[Exception], ...] = (TypeError,)) -> Iterator[None]:
+    """Turn `caught` (what building a record from a JSON object of the wrong shape raises) into the
+    MetadataError this module promises, naming the key and what it should hold (`kind`, e.g.
+    "a worker record"), with the cause chained."""
+    try:
+        yield
+    except caught as exc:
+        raise MetadataError(f"{key}: not {kind}: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class WorkerRecord:
     """`/workers/{tenant}/{worker}`: a live worker as its master registered it."""
@@ -55,10 +67,8 @@ class WorkerRecord:
 
     @classmethod
     def from_json(cls, raw: bytes, key: str) -> "WorkerRecord":
-        try:
+        with _reading(key, "a worker record"):
             return cls(**_pick(cls, load(raw, key)))
-        except TypeError as exc:
-            raise MetadataError(f"{key}: not a worker record: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -123,14 +133,12 @@ class AssignmentRecord:
     @classmethod
     def from_json(cls, raw: bytes, key: str) -> "AssignmentRecord":
         value = load(raw, key)
-        try:
+        with _reading(key, "an assignment record"):
             replicas = {w: ReplicaRecord(**_pick(ReplicaRecord, r)) for w, r in value.get("replicas", {}).items()}
             failures = {str(w): str(why) for w, why in value.get("load_failures", {}).items()}
             shard_values = {str(c): [str(v) for v in vs] for c, vs in value.get("shard_values", {}).items()}
             return cls(**{**_pick(cls, value), "replicas": replicas, "load_failures": failures,
                           "shards": tuple(str(s) for s in value.get("shards", ())), "shard_values": shard_values})
-        except TypeError as exc:
-            raise MetadataError(f"{key}: not an assignment record: {exc}") from exc
 
     def with_replica(self, worker: str, replica: ReplicaRecord | None) -> "AssignmentRecord":
         replicas = dict(self.replicas)
@@ -198,15 +206,13 @@ class TenantConfig:
         quota = value.get("memory_quota_bytes")
         if quota is None and "memory_quota_gb" in value:  # the seed's example unit
             quota = int(float(value["memory_quota_gb"]) * 1024**3)
-        try:
+        with _reading(key, "a tenant config", (TypeError, ValueError)):
             return cls(memory_quota_bytes=int(quota or 0),
                        source_roots=tuple(str(r) for r in value.get("source_roots", ())),
                        replication_factor=int(value.get("replication_factor", 0)),
                        epoch_ttl_s=float(value.get("epoch_ttl_s", 0.0)),
                        shard_max_bytes=int(value.get("shard_max_bytes", 0)),
                        gather_max_bytes=int(value.get("gather_max_bytes", DEFAULT_GATHER_MAX_BYTES)))
-        except (TypeError, ValueError) as exc:
-            raise MetadataError(f"{key}: not a tenant config: {exc}") from exc
 
 
 STRATEGIES = ("round_robin", "rendezvous", "capacity")
@@ -243,10 +249,8 @@ class GlobalConfig:
     @classmethod
     def from_json(cls, raw: bytes, key: str) -> "GlobalConfig":
         value = load(raw, key)
-        try:
+        with _reading(key, "a global config"):
             config = cls(**_pick(cls, value))
-        except TypeError as exc:
-            raise MetadataError(f"{key}: not a global config: {exc}") from exc
         if config.strategy not in STRATEGIES or config.replication_factor < 1:
             raise MetadataError(f"{key}: strategy must be one of {STRATEGIES} and replication_factor >= 1")
         if config.default_ttl_sec < 0 or config.refresh_poll_interval_s <= 0 or config.evicted_retention_s < 0:
@@ -278,12 +282,10 @@ class DatasetSpec:
     @classmethod
     def from_json(cls, raw: bytes, key: str) -> "DatasetSpec":
         value = load(raw, key)
-        try:
+        with _reading(key, "a dataset spec", (KeyError, TypeError, ValueError, AttributeError)):
             return cls(source_type=str(value["source_type"]), source_uri=str(value["source_uri"]),
                        partitions=tuple({str(k): str(v) for k, v in p.items()} for p in value.get("partitions", ())),
                        replication=int(value.get("replication", 0)), follow=bool(value.get("follow", True)))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise MetadataError(f"{key}: not a dataset spec: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -303,7 +305,5 @@ class Announcement:
 
     @classmethod
     def from_json(cls, raw: bytes, key: str) -> "Announcement":
-        try:
+        with _reading(key, "an announcement"):
             return cls(**_pick(cls, load(raw, key)))
-        except TypeError as exc:
-            raise MetadataError(f"{key}: not an announcement: {exc}") from exc

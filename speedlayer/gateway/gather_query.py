@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedlayer.errors import InvalidQueryError
-from speedlayer.protocol.sql_tree import check_reads_only, nodes, parse_tree, to_sql
+from speedlayer.protocol.sql_tree import check_reads_only, nodes, parse_tree, parse_valid_tree, to_sql
 
 ROW_MARKER = "__gathered_row"  # the one column fetched when the query names none (count(DISTINCT 1), ...)
 COMBINED = "count, sum, min, max, avg (with or without GROUP BY), ORDER BY ... LIMIT and plain projections"
@@ -50,9 +50,7 @@ class GatherPlan:
 def plan_gather(sql: str, dataset: str, schema_names: list[str]) -> GatherPlan:
     """The gather of `sql` on `dataset`, whose columns are `schema_names` (in the table's order);
     InvalidQueryError if it does not parse or reads anything but the dataset and its CTEs."""
-    tree = parse_tree(sql)
-    if tree.get("error"):
-        raise InvalidQueryError(f"SQL does not parse: {tree.get('error_message', 'syntax error')}")
+    tree = parse_valid_tree(sql)
     statements = tree.get("statements", [])
     if len(statements) != 1:
         raise InvalidQueryError(f"query on dataset {dataset!r}: expected one SELECT statement, got {len(statements)}")

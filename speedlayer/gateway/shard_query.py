@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedlayer.errors import InvalidQueryError
-from speedlayer.protocol.sql_tree import aggregate_names, parse_tree, to_sql
+from speedlayer.protocol.sql_tree import aggregate_names, parse_tree, parse_valid_tree, to_sql
 
 PARTIALS = "__partials"  # the table of the shards' answers the merge reads
 DECOMPOSABLE = ("count", "count_star", "sum", "min", "max", "avg", "mean")
@@ -57,9 +57,7 @@ class Unshardable(InvalidQueryError):
 
 def plan_query(sql: str, dataset: str, partition_columns: list[str]) -> ShardQuery:
     """Raises `Unshardable` (a bad shape) or InvalidQueryError (SQL that does not parse)."""
-    tree = parse_tree(sql)
-    if tree.get("error"):
-        raise InvalidQueryError(f"SQL does not parse: {tree.get('error_message', 'syntax error')}")
+    tree = parse_valid_tree(sql)
     statements = tree.get("statements", [])
     if len(statements) != 1:
         raise Unshardable(f"{len(statements)} statements")
@@ -75,9 +73,7 @@ def plan_query(sql: str, dataset: str, partition_columns: list[str]) -> ShardQue
 def partition_pruning(sql: str, partition_columns: list[str]) -> dict[str, frozenset[str]]:
     """`ShardQuery.pruning` of `sql` without planning it (any shape): InvalidQueryError if it
     does not parse."""
-    tree = parse_tree(sql)
-    if tree.get("error"):
-        raise InvalidQueryError(f"SQL does not parse: {tree.get('error_message', 'syntax error')}")
+    tree = parse_valid_tree(sql)
     node = tree.get("statements", [{}])[0].get("node", {}) if len(tree.get("statements", [])) == 1 else {}
     # Only a query that reads nothing but the dataset's rows its WHERE clause admits may be pruned:
     # a subquery, a CTE or a join could read other rows of the dataset.

@@ -3,7 +3,8 @@ SQL statement analysis (the gateway may not import the worker, so both read it f
 
 `parse_tree` asks DuckDB's own parser (`json_serialize_sql`) of one in-memory database opened
 once: opening one costs ~17 ms of CPU, and Flight servers run calls on threads that come and
-go; each parse takes a cursor of it (its own connection, ~0.05 ms). `nodes` walks the tree;
+go; each parse takes a cursor of it (its own connection, ~0.05 ms); `parse_valid_tree` raises
+the user's InvalidQueryError instead of returning a tree of an error. `nodes` walks the tree;
 `to_sql` prints a (rewritten) tree back as SQL (`json_deserialize_sql`), `aggregate_names`
 says which function names DuckDB knows as aggregates, and `check_reads_only` is the rule both
 the worker's guard and the gateway's gather hold a query to: it reads its dataset and its own
@@ -38,6 +39,16 @@ def parse_tree(sql: str) -> dict[str, Any]:
     with _parser_database().cursor() as cursor:
         row = cursor.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
         return json.loads(row[0]) if row else {"error": True}
+
+
+def parse_valid_tree(sql: str) -> dict[str, Any]:
+    """`parse_tree(sql)`, or InvalidQueryError ("SQL does not parse: ...", DuckDB's reason) when
+    it does not parse: the error the gateway's planners give a user for unparsable SQL. How many
+    statements the tree holds is the caller's to judge (each planner names that error its own way)."""
+    tree = parse_tree(sql)
+    if tree.get("error"):
+        raise InvalidQueryError(f"SQL does not parse: {tree.get('error_message', 'syntax error')}")
+    return tree
 
 
 def to_sql(tree: dict[str, Any]) -> str:

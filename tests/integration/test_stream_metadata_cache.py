@@ -60,12 +60,11 @@ def env(etcd_endpoint, moto_s3, s3_bucket, tmp_path, unique_name) -> Iterator[di
     metadata.close()
 
 
-def offsets_read(partitions) -> list[int]:
-    return [o for p in partitions for batch in read_partition(p, False)
-            for o in batch.column("offset").to_pylist()]
-
-
-def test_a_stream_makes_no_etcd_range_reads_after_its_first_trigger(env, monkeypatch):
+@pytest.fixture
+def etcd_connections(monkeypatch) -> list[CountingStore]:
+    """The counting proxies `EtcdSettings.connect` opened during the test, filled as the reader
+    connects. Every call returns the first one, so `[0]` counts every etcd request the driver
+    sends whichever part of it connects."""
     counted: list[CountingStore] = []
 
     def connect(self: EtcdSettings) -> CountingStore:
@@ -73,6 +72,15 @@ def test_a_stream_makes_no_etcd_range_reads_after_its_first_trigger(env, monkeyp
         return counted[0]
 
     monkeypatch.setattr(EtcdSettings, "connect", connect)
+    return counted
+
+
+def offsets_read(partitions) -> list[int]:
+    return [o for p in partitions for batch in read_partition(p, False)
+            for o in batch.column("offset").to_pylist()]
+
+
+def test_a_stream_makes_no_etcd_range_reads_after_its_first_trigger(env, etcd_connections, monkeypatch):
     monkeypatch.setattr(stream_module, "LAG_RECORD_INTERVAL_S", 1e9)  # lag records: first trigger only
     builder = env["builder"]
     reader = DanubeStreamReader(parse_options({**env["options"], "startingOffsets": "earliest"}))
@@ -91,8 +99,8 @@ def test_a_stream_makes_no_etcd_range_reads_after_its_first_trigger(env, monkeyp
             reader.commit(end)
             start = end
             if after_first is None:
-                after_first = dict(counted[0].calls)
-        calls = counted[0].calls
+                after_first = dict(etcd_connections[0].calls)
+        calls = etcd_connections[0].calls
         since = {m: calls.get(m, 0) - after_first.get(m, 0) for m in set(calls) | set(after_first)}
         assert [since.get(m, 0) for m in ("get_prefix", "get_range", "range_at")] == [0, 0, 0]
         # The first trigger listed the scope once per span: the topic's index entry, its storage
@@ -109,15 +117,8 @@ def test_a_stream_makes_no_etcd_range_reads_after_its_first_trigger(env, monkeyp
         reader.stop()
 
 
-def test_a_trigger_sends_etcd_only_its_cursor_commit(env, monkeypatch):
+def test_a_trigger_sends_etcd_only_its_cursor_commit(env, etcd_connections, monkeypatch):
     """What the driver's etcd traffic per trigger is, once the cache is loaded: the commit."""
-    counted: list[CountingStore] = []
-
-    def connect(self: EtcdSettings) -> CountingStore:
-        counted.append(CountingStore(EtcdMetadataStore(self.endpoints)))
-        return counted[0]
-
-    monkeypatch.setattr(EtcdSettings, "connect", connect)
     monkeypatch.setattr(stream_module, "LAG_RECORD_INTERVAL_S", 1e9)
     builder = env["builder"]
     builder.append(10)
@@ -127,12 +128,12 @@ def test_a_trigger_sends_etcd_only_its_cursor_commit(env, monkeypatch):
         end = reader.latestOffset(start, ReadAllAvailable())
         reader.partitions(start, end)
         reader.commit(end)  # as Spark does once the batch is in the commit log
-        before = dict(counted[0].calls)
+        before = dict(etcd_connections[0].calls)
         builder.append(10)
         end2 = reader.latestOffset(end, ReadAllAvailable())
         reader.partitions(end, end2)
         reader.commit(end2)
-        delta = {m: n - before.get(m, 0) for m, n in counted[0].calls.items() if n != before.get(m, 0)}
+        delta = {m: n - before.get(m, 0) for m, n in etcd_connections[0].calls.items() if n != before.get(m, 0)}
         assert delta == {"guarded_put": 1}, delta
     finally:
         reader.stop()
