@@ -28,7 +28,7 @@ import queue
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 from danube_core.errors import DanubeError, MetadataError
 
@@ -258,6 +258,17 @@ class MetadataStore(ABC):
     def compare_and_put_revision(self, key: str, expected: bytes | None, value: bytes) -> int | None:
         """`compare_and_put` returning the revision written, None if the comparison failed."""
 
+    def compare_and_put_with(self, key: str, expected: bytes | None, value: bytes,
+                             also: Sequence[tuple[str, bytes]]) -> bool:
+        """`compare_and_put`, writing the `also` keys too (unconditionally) when it swaps, in one
+        request and one transaction where the store can (etcd, memory): a writer whose record
+        and companion keys each took a round trip (a speed-layer admission: the record, its plan,
+        its request id) takes one. Here: the `also` keys first, then the compare-and-put; a
+        failed comparison leaves them written, so they must be harmless alone (idempotent)."""
+        for other, other_value in also:
+            self.put(other, other_value)
+        return self.compare_and_put(key, expected, value)
+
     def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes | None],
                     lease: "Lease | None" = None) -> int | None:
         """`compare_and_put_revision` that also requires the key `guard[0]` to hold `guard[1]`
@@ -298,6 +309,21 @@ class MetadataStore(ABC):
         lease = self._lease_handle(lease_id, ttl_s)
         lease.refresh()
         return lease
+
+    def refresh_leases(self, leases: list[Lease]) -> list[Lease]:
+        """Refresh every lease of `leases`; returns those that had already expired (their keys
+        are gone). One by one here; a store that can refresh many in one request does (etcd:
+        one LeaseKeepAlive stream for all, where each `Lease.refresh` opens a stream of its own,
+        e.g. a speed-layer leader refreshing 100 workers' leases every heartbeat)."""
+        expired = []
+        for lease in leases:
+            try:
+                lease.refresh()
+            except MetadataError as exc:
+                if exc.retriable:
+                    raise
+                expired.append(lease)
+        return expired
 
     def revoke_lease(self, lease_id: int) -> None:
         """Revoke a lease granted earlier, by this process or another: its keys vanish now.

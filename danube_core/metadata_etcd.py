@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import grpc
 
@@ -353,6 +353,20 @@ class EtcdMetadataStore(MetadataStore):
 
         return self._call("compare_and_put", key_target(key), txn, failover=False)
 
+    def compare_and_put_with(self, key: str, expected: bytes | None, value: bytes,
+                             also: Sequence[tuple[str, bytes]]) -> bool:
+        for checked, checked_value in ((key, value), *also):
+            check_value(checked, checked_value)
+
+        def txn(client: Any) -> bool:
+            ops = client.transactions
+            condition = ops.create(key) == 0 if expected is None else ops.value(key) == expected
+            puts = [ops.put(written, written_value) for written, written_value in ((key, value), *also)]
+            swapped, _ = client.transaction(compare=[condition], success=puts, failure=[])
+            return swapped
+
+        return self._call("compare_and_put", key_target(key), txn, failover=False)
+
     def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes | None],
                     lease: Lease | None = None) -> int | None:
         check_value(key, value)
@@ -377,6 +391,21 @@ class EtcdMetadataStore(MetadataStore):
 
     def _lease_handle(self, lease_id: int, ttl_s: int) -> Lease:
         return _EtcdLease(self, lease_id, ttl_s)
+
+    def refresh_leases(self, leases: list[Lease]) -> list[Lease]:
+        """One LeaseKeepAlive stream carrying a request per lease (etcd answers each in order,
+        TTL 0 for a lease it no longer knows)."""
+        if not leases:
+            return []
+        requests = [etcdrpc.LeaseKeepAliveRequest(ID=lease.id) for lease in leases]
+
+        def refresh(client: Any) -> list[Any]:
+            return list(client.leasestub.LeaseKeepAlive(iter(requests), client.timeout,
+                                                        credentials=client.call_credentials, metadata=client.metadata))
+
+        replies = self._read("lease refresh", f"{len(leases)} leases", refresh)
+        expired = {reply.ID for reply in replies if reply.TTL <= 0}
+        return [lease for lease in leases if lease.id in expired]
 
     def watch_prefix(
         self, prefix: str, callback: WatchCallback, *, start_revision: int | None = None,

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 from danube_core.errors import MetadataCompactedError, MetadataError, MetadataUnavailableError
 from danube_core.metadata import (
@@ -181,6 +181,20 @@ class MemoryMetadataStore(MetadataStore):
             revision = self._next_revision()
             self._set(key, value, None, revision)
             return revision
+
+    def compare_and_put_with(self, key: str, expected: bytes | None, value: bytes,
+                             also: Sequence[tuple[str, bytes]]) -> bool:
+        with self._cond:
+            self._live()
+            for checked, checked_value in ((key, value), *also):
+                check_value(checked, checked_value)
+            entry = self._data.get(key)
+            if (entry[0] if entry is not None else None) != expected:
+                return False
+            revision = self._next_revision()
+            for written, written_value in ((key, value), *also):
+                self._set(written, written_value, None, revision)
+            return True
 
     def guarded_put(self, key: str, expected: bytes | None, value: bytes, *, guard: tuple[str, bytes | None],
                     lease: Lease | None = None) -> int | None:

@@ -22,8 +22,9 @@ import json
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Iterator
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.api.v1 import management_service_pb2 as mg
@@ -135,32 +136,38 @@ class AdmissionController:
         resolved = table_source.resolve(request.source, wanted)
         epoch = epoch_id(tenant, dataset, resolved, wanted)
         request_id = request.request_id or _digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:20]
+        # The request id, the plan and the spec go with the record's own writes (one etcd
+        # transaction each: created, PLANNED, ASSIGNED), not a round trip each.
+        request_write = ((self._state.keys.request(tenant, request_id), epoch.encode()),)
         existing = self._state.record(tenant, dataset, epoch)
         if existing is None or existing.status == EVICTED:
             replication = request.replication or self._default_replication(tenant)
-            existing = self._create(tenant, dataset, resolved, epoch, request_id, replication)
-        elif request.replication and existing.live and existing.replication != request.replication:
-            existing = self._replicate(existing, request.replication)
-        self._state.metadata.put(self._state.keys.request(tenant, request_id), epoch.encode())
-        response = self._continue(existing, resolved)
-        if kind == "delta_table" and not request.source.delta_table.pin_version:
-            self._follow(tenant, dataset, resolved, wanted, request.replication)
+            existing = self._create(tenant, dataset, resolved, epoch, request_id, replication, also=request_write)
+        else:
+            if request.replication and existing.live and existing.replication != request.replication:
+                existing = self._replicate(existing, request.replication)
+            self._state.put_all(request_write)
+        follows = kind == "delta_table" and not request.source.delta_table.pin_version
+        spec = DatasetSpec("delta", resolved.source.delta.table_uri, tuple(wanted), request.replication)
+        new_spec = follows and self._config.spec(tenant, dataset) != spec  # the watched specs: no etcd read
+        spec_write = ((self._state.keys.dataset_spec(tenant, dataset), spec.to_json()),) if new_spec else ()
+        with self._placing(existing):
+            response = self._continue(existing, resolved, also=spec_write)
+        if follows:
+            self._followed_now(tenant, dataset, spec, new_spec)
         return response
 
     def _default_replication(self, tenant: str) -> int:
         return self._config.tenant(tenant).replication_factor or self._config.global_config.replication_factor
 
-    def _follow(self, tenant: str, dataset: str, resolved: ResolvedTable, wanted: PartitionFilter,
-                replication: int) -> None:
-        """The dataset now follows the table: every new version becomes an epoch (master.refresh)."""
-        uri = resolved.source.delta.table_uri
-        spec = DatasetSpec("delta", uri, tuple(wanted), replication)
-        key = self._state.keys.dataset_spec(tenant, dataset)
-        raw = self._state.metadata.get(key)
-        if raw is None or DatasetSpec.from_json(raw, key) != spec:
-            self._state.metadata.put(key, spec.to_json())
+    def _followed_now(self, tenant: str, dataset: str, spec: DatasetSpec, written: bool) -> None:
+        """The dataset now follows the table (`spec`, `written` with the admission's record if it
+        is new): every new version becomes an epoch (master.refresh)."""
+        if written:
+            self._config.wrote_spec(tenant, dataset, spec)
             self._audit.record(AuditEvent(kind="dataset.follow", tenant=tenant, dataset=dataset,
-                                          master_id=self._master_id, detail={"table_uri": uri, "partitions": wanted}))
+                                          master_id=self._master_id,
+                                          detail={"table_uri": spec.source_uri, "partitions": list(spec.partitions)}))
         self._followed(tenant, dataset)
 
     def plan_refresh(self, tenant: str, dataset: str, spec: DatasetSpec, resolved: ResolvedTable,
@@ -184,8 +191,21 @@ class AdmissionController:
         if record.status != PENDING:
             return record
         source = incremental_source(resolved, change) if incremental else None
-        record = self._plan(record, resolved, source=source, base_epoch=base_epoch)
-        return self._assign(record, preferred=base.staying() if base is not None else ())
+        with self._placing(record):
+            record = self._plan(record, resolved, source=source, base_epoch=base_epoch)
+            return self._assign(record, preferred=base.staying() if base is not None else ())
+
+    @contextmanager
+    def _placing(self, record: AssignmentRecord) -> Iterator[None]:
+        """The reconciler leaves `record` (and its shards) to this admission meanwhile
+        (`ClusterState.placing`), and is woken after it: whatever the admission left unplaced
+        (no room, an error) is the reconciler's again."""
+        refs = [(record.tenant, record.dataset, e) for e in (record.epoch, *record.shards)]
+        try:
+            with self._state.placing(refs):
+                yield
+        finally:
+            self._placed()
 
     def _replicate(self, record: AssignmentRecord, replication: int) -> AssignmentRecord:
         """The same epoch admitted again with another explicit replication: it now wants that many
@@ -220,7 +240,7 @@ class AdmissionController:
 
     def _create(self, tenant: str, dataset: str, resolved: ResolvedTable, epoch: str, request_id: str,
                 replication: int, base: AssignmentRecord | None = None,
-                audit_detail: dict | None = None) -> AssignmentRecord:
+                audit_detail: dict | None = None, also: tuple[tuple[str, bytes], ...] = ()) -> AssignmentRecord:
         global_config, tenant_config = self._config.global_config, self._config.tenant(tenant)
         estimate = int(resolved.total_bytes * global_config.memory_expansion_factor)
         record = AssignmentRecord(
@@ -240,9 +260,9 @@ class AdmissionController:
         for index, shard in enumerate(shards):  # before the epoch names them: never a dangling shard id
             self._create_shard(record, index, shard, resolved, by_epoch)
         if (tenant, dataset, epoch) in by_epoch and by_epoch[(tenant, dataset, epoch)].status == EVICTED:
-            created = self._state.update_record(tenant, dataset, epoch, lambda r: record)  # admitted again
+            created = self._state.update_record(tenant, dataset, epoch, lambda r: record, also=also)  # admitted again
         else:
-            created = self._state.create_record(record)
+            created = self._state.create_record(record, also=also)
         if created.status == PENDING and created.request_id == request_id:
             self._audit_status(created, {"request_id": request_id, "files": resolved.file_count,
                                          "estimated_bytes": estimate, "kind": record.kind,
@@ -272,15 +292,19 @@ class AdmissionController:
         else:
             self._state.create_record(record)
 
-    def _continue(self, record: AssignmentRecord, resolved: ResolvedTable | None) -> mg.AdmitDatasetResponse:
-        """Drive `record` on from wherever it stands (a retry may find it half done)."""
+    def _continue(self, record: AssignmentRecord, resolved: ResolvedTable | None,
+                  also: tuple[tuple[str, bytes], ...] = ()) -> mg.AdmitDatasetResponse:
+        """Drive `record` on from wherever it stands (a retry may find it half done). `also`:
+        keys written with its assignment (on their own if it needs none)."""
         if record.status == PENDING:
             if resolved is None:
                 raise NotFoundError(f"epoch {record.epoch} is PENDING and its request must be sent "
                                     "again with its source to be planned")
             record = self._plan(record, resolved)
         if record.status == PLANNED:
-            record = self._assign(record)
+            record = self._assign(record, also=also)
+        else:
+            self._state.put_all(also)
         return mg.AdmitDatasetResponse(epoch_id=record.epoch, message=record.message, status=record.status,
                                        request_id=record.request_id)
 
@@ -300,11 +324,12 @@ class AdmissionController:
               base_epoch: str = "") -> AssignmentRecord:
         to_plan = [r for r in map(lambda s: self._state.record(record.tenant, record.dataset, s), record.shards)
                    if r is not None]  # a sharded epoch's plans are its shards', written with their records
-        if not record.sharded:
-            self._state.put_plan(self._load_plan(record, resolved, source or resolved.source, base_epoch))
+        plan_write = () if record.sharded else (  # written with the record's PLANNED, never after it
+            self._state.plan_write(self._load_plan(record, resolved, source or resolved.source, base_epoch)),)
         for target in [*to_plan, record]:
             updated = self._state.update_record(target.tenant, target.dataset, target.epoch,
-                                                lambda r: replace(r, status=PLANNED) if r.status == PENDING else None)
+                                                lambda r: replace(r, status=PLANNED) if r.status == PENDING else None,
+                                                also=plan_write if target is record else ())
             self._audit_status(updated, {"plan_id": f"{target.tenant}/{target.dataset}/{target.epoch}"})
         pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
         if pause > 0:
@@ -312,9 +337,12 @@ class AdmissionController:
             time.sleep(pause)
         return updated
 
-    def _assign(self, record: AssignmentRecord, preferred: tuple[str, ...] = ()) -> AssignmentRecord:
+    def _assign(self, record: AssignmentRecord, preferred: tuple[str, ...] = (),
+                also: tuple[tuple[str, bytes], ...] = ()) -> AssignmentRecord:
         if record.sharded:
-            return self._assign_shards(record)
+            assigned = self._assign_shards(record)
+            self._state.put_all(also)
+            return assigned
         base = self._state.record(record.tenant, record.dataset, record.base_epoch) if record.base_epoch else None
         share = footprint(record, base) // max(1, record.replication)  # an increment needs room for what it adds
         summary = PlanSummary(record.tenant, record.dataset, record.epoch, share)
@@ -333,7 +361,7 @@ class AdmissionController:
             free = {c.worker_id: c.free_bytes for c in candidates if c.memory_bytes > 0 and not c.draining}
             return replace(placed, message=shortfall(placed, len(candidates), free))
 
-        updated = self._state.update_record(record.tenant, record.dataset, record.epoch, assign)
+        updated = self._state.update_record(record.tenant, record.dataset, record.epoch, assign, also=also)
         if updated.status == ASSIGNED:
             self._audit_status(updated, {"workers": sorted(updated.replicas)})
             self._placed()

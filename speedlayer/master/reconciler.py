@@ -100,11 +100,11 @@ class Reconciler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
-        self._exported_counts: tuple[dict, dict] | None = None
         self._settled_at: tuple[int, int] | None = None  # the state's generation after a pass with no clock pending
         self._placements: dict[str, tuple[AssignmentRecord, int, EpochPlacement]] = {}
         self._desired: dict[tuple[str, str], dict[str, AssignmentRecord]] = {}  # DesiredEpochs.by_worker, kept
         self._counts_generation = -1
+        self._synced_superseded: frozenset[tuple[str, str, str]] | None = None  # as of the last pass's syncs
         self._exported_at = -EXPORT_INTERVAL_S  # monotonic time the epoch gauges were last set
 
     def start(self) -> None:
@@ -173,7 +173,7 @@ class Reconciler:
         live = set(workers) | connected
         if not placed_as_is(*self._state.placement_view(), candidates, keep, max_failures):
             records, old, _ = self._state.view()  # old: superseded, neither refilled nor balanced (evicted later)
-            placing = self._placements_of(records, old, max_failures)
+            placing = self._placements_of(records, old, max_failures, self._state.placing_now())
             moves = next_placement([p for _, p in placing.values()], candidates, keep, self._strategy())
             for key, workers_next in moves.items():
                 self._move(placing[key][0], workers_next, live)
@@ -183,15 +183,19 @@ class Reconciler:
         for record in failing:
             self._fail_if_unplaceable(record, max_failures)
         self._roll_up_shards()
-        for key, held in self._state.take_desired().items():  # only the workers whose epochs changed
+        changed = self._state.take_desired()  # only the workers whose epochs changed
+        for key, held in changed.items():
             if held:
                 self._desired[key] = held
             else:
                 self._desired.pop(key, None)
         old = self._state.superseded()
         desired = DesiredEpochs(self._desired, old)  # once for every worker
+        everyone = old != self._synced_superseded  # what is superseded decides what is (re)sent
         for session in self._registry.all():
-            self.sync(session, desired)
+            if everyone or session.reported or session.key in changed:
+                self.sync(session, desired)
+        self._synced_superseded = old
         waits = [max(since + delay, grace_end if k in taking_over else 0.0) - now
                  for k, since in lost_since.items() if k in in_grace]
         export_wait = self._export_counts()
@@ -202,30 +206,32 @@ class Reconciler:
         return max(0.05, min([IDLE_CHECK_S, *waits]))
 
     def _export_counts(self) -> float | None:
-        """Set the epoch gauges if a count moved, at most every `EXPORT_INTERVAL_S`: setting
-        them is 5 series per dataset (10,000 at 2,000 datasets, ~40 ms), and during admissions
-        a count moves after nearly every pass. Returns the seconds until counts that moved
-        since can be set (None: nothing waits)."""
+        """Set the epoch gauges if a count may have moved, at most every `EXPORT_INTERVAL_S`:
+        the counts are 5 series per dataset (10,000 at 2,000 datasets); `set_epoch_counts`
+        touches only the series that moved, but finding them is still a walk over all of them,
+        and during admissions a count moves after nearly every pass. Returns the seconds until
+        counts that moved since can be set (None: nothing waits)."""
         if self._state.counts_generation() == self._counts_generation:
             return None
         now = time.monotonic()
         if now - self._exported_at < EXPORT_INTERVAL_S:
             return self._exported_at + EXPORT_INTERVAL_S - now
         self._counts_generation, counts = self._state.epoch_counts()
-        if counts != self._exported_counts:  # set only when a count moved
-            set_epoch_counts(*counts)
-            self._exported_counts = counts
-            self._exported_at = now
+        set_epoch_counts(*counts)
+        self._exported_at = now
         return None
 
     def _placements_of(self, records: list[AssignmentRecord], old: frozenset[tuple[str, str, str]],
-                       max_failures: int) -> dict[str, tuple[AssignmentRecord, EpochPlacement]]:
+                       max_failures: int, admitting: frozenset[tuple[str, str, str]] = frozenset(),
+                       ) -> dict[str, tuple[AssignmentRecord, EpochPlacement]]:
         """`{epoch key: (record, placement)}` of the epochs to place: PLANNED or ASSIGNED, not
-        superseded, not sharded (a sharded epoch's shards are placed, not the epoch). Each
-        placement is kept while its record (immutable) and `max_failures` stay the same."""
+        superseded, not sharded (a sharded epoch's shards are placed, not the epoch), not one an
+        admission is placing (`admitting`, while it has no replica). Each placement is kept while
+        its record (immutable) and `max_failures` stay the same."""
         known, fresh = self._placements, {}
         for r in records:
-            if r.status not in (PLANNED, ASSIGNED) or r.sharded or (r.tenant, r.dataset, r.epoch) in old:
+            ref = (r.tenant, r.dataset, r.epoch)
+            if r.status not in (PLANNED, ASSIGNED) or r.sharded or ref in old or (ref in admitting and not r.replicas):
                 continue
             key = f"{r.tenant}/{r.dataset}/{r.epoch}"
             cached = known.get(key)
@@ -386,7 +392,9 @@ class Reconciler:
         `index`: what every worker should hold, when a pass syncs them all (else computed here)."""
         if session.closed:
             return
-        index = index if index is not None else DesiredEpochs.of(*self._state.view()[:2])
+        session.reported = False  # before `held` is read: a report from now on is synced by the next pass
+        if index is None:  # one worker (connecting): its epochs from the index, not a sort of every record
+            index = DesiredEpochs({session.key: self._state.desired_of(session.key)}, self._state.superseded())
         old = index.superseded
         # Oldest first: a worker loading several epochs of a dataset has each base before its increments.
         desired = index.of_worker(session.key)

@@ -16,7 +16,9 @@ on it contribute:
 * `placement_counts` and `short`: per worker, the epochs placement places that stay on it, and
   those epochs short of replicas (a pass with nothing to place skips `next_placement`);
 * `take_desired`: `DesiredEpochs.of_worker` of the workers whose epochs changed since the
-  last call (the reconciler keeps the rest from its earlier passes);
+  last call (the reconciler keeps the rest from its earlier passes); `desired_of` and
+  `records_on`: one worker's (a worker registering or connecting: not a scan of every record
+  for each of 100 workers reconnecting to a new leader);
 * the few records a pass must look at by name: with a FAILED or leaving replica, with load
   failures, sharded epochs and shards, EVICTED ones.
 
@@ -114,6 +116,7 @@ class RecordIndex:
         # and the workers whose set or records changed since `take_desired` last looked.
         self._desired: dict[WorkerKey, set[EpochRef]] = {}
         self._dirty_workers: set[WorkerKey] = set()
+        self._on_worker: dict[WorkerKey, set[EpochRef]] = {}  # every record (any status) with a replica there
 
     def put(self, key: str, record: AssignmentRecord) -> None:
         """`record` is now what `key` holds."""
@@ -158,6 +161,10 @@ class RecordIndex:
         for worker in record.replicas:
             key = (record.tenant, worker)
             self._dirty_workers.add(key)
+            on_worker = self._on_worker.setdefault(key, set())
+            (on_worker.add if sign > 0 else on_worker.discard)(ref)
+            if not on_worker:
+                del self._on_worker[key]
             if not record.live:
                 continue
             if sign > 0:
@@ -289,12 +296,18 @@ class RecordIndex:
     def take_desired(self) -> dict[WorkerKey, dict[str, AssignmentRecord]]:
         """`DesiredEpochs.of_worker` of every worker whose epochs changed since the last call
         (empty: it should hold nothing now), and forget them."""
-        changed = {}
-        for key in self._dirty_workers:
-            held = sorted((self._records[r] for r in self._desired.get(key, ())), key=lambda r: (r.order, r.dataset))
-            changed[key] = {f"{r.dataset}/{r.epoch}": r for r in held}
+        changed = {key: self.desired_of(key) for key in self._dirty_workers}
         self._dirty_workers = set()
         return changed
+
+    def desired_of(self, key: WorkerKey) -> dict[str, AssignmentRecord]:
+        """`DesiredEpochs.of_worker(key)`: the live epochs with a replica on the worker, oldest first."""
+        held = sorted((self._records[r] for r in self._desired.get(key, ())), key=lambda r: (r.order, r.dataset))
+        return {f"{r.dataset}/{r.epoch}": r for r in held}
+
+    def records_on(self, key: WorkerKey) -> list[AssignmentRecord]:
+        """The records (any status) with a replica, leaving or not, on the worker, in key order."""
+        return [self._records[r] for r in sorted(self._on_worker.get(key, ()))]
 
     def dataset_records(self, dataset: DatasetKey) -> list[AssignmentRecord]:
         return [self._records[r] for r in self._by_dataset.get(dataset, ())]

@@ -4,8 +4,9 @@ Leader only. A dataset admitted at its table's latest version follows the table
 (`/tenants/{t}/datasets/{d}`). Writers that know the speed layer announce their commits
 (`/announce/{t}/{d}`, written through `speedlayer.announce` by pipelines after the Delta and
 cursor commits): the leader watches those keys and looks at once. For writers it does not know
-it polls every followed table every `refresh_poll_interval_s` (`/config/global`). An
-announcement is only a hint: what an epoch holds always comes from the table's own log.
+it polls every followed table every `refresh_poll_interval_s` (`/config/global`): one look at
+each table's log, then at the datasets of the tables that moved. An announcement is only a
+hint: what an epoch holds always comes from the table's own log.
 
 At most one epoch per dataset is in flight: while the newest is still loading, newer
 versions wait and are then planned together (one epoch for the latest version), so a fast
@@ -51,7 +52,9 @@ class Refresher:
         self._due: dict[DatasetKey, str] = {}  # dataset -> why it is looked at next ("announce", "loaded")
         self._refused: dict[DatasetKey, int] = {}  # last version refused (not retried until a newer one)
         self._latest_this_pass: dict[str, int] = {}  # table URI -> latest version, this pass
-        self._parsed: dict[str, tuple[bytes, DatasetSpec]] = {}  # spec key -> (its value, parsed)
+        self._polled: dict[str, int] = {}  # table URI -> the latest version a poll looked at all its datasets for
+        self._failed: set[DatasetKey] = set()  # datasets whose last look raised: the next poll looks again
+        self._seen: set[DatasetKey] = set()  # the datasets the last poll knew (a spec new since is looked at)
         self._loop = WatchedThread("refresh", self._run)
         self._wake, self._stop = self._loop.wake_event, self._loop.stop_event
 
@@ -91,69 +94,65 @@ class Refresher:
             self._wake.wait(max(0.01, next_poll - time.monotonic()))
 
     def run_once(self, all_datasets: bool = True) -> None:
+        """Look at the datasets due; on a poll (`all_datasets`), also at every dataset of a
+        followed table whose latest version moved since the last poll (all of them on a new
+        leader's first poll), and at those whose last look failed. The specs come from the
+        watched `ConfigView` and each dataset's records from the leader's index: a poll at
+        2,000 datasets of one unchanged table costs one look at its log, not 2,000 spec reads
+        and refreshes holding the leader's GIL."""
         with self._lock:
             due, self._due = self._due, {}
         if not all_datasets and not due:
-            return  # woken by a change that no dataset waits on: nothing to read
-        # A poll reads every spec; a wake only the specs of the datasets due (not all of them
-        # again on every change), and each pass groups the records by dataset once (a wake: only
-        # the due datasets' records).
-        specs = self._specs() if all_datasets else self._specs_of(set(due))
-        keys = set(specs) if all_datasets else set(due) & set(specs)
-        grouped: dict[DatasetKey, list[AssignmentRecord]] = {}
-        if all_datasets:
-            for record in self._state.snapshot()[0]:
-                grouped.setdefault((record.tenant, record.dataset), []).append(record)
-        else:  # the datasets due only, from the leader's index (not a scan of every record per wake)
-            grouped = {key: self._state.dataset_records(*key) for key in keys}
+            return  # woken by a change that no dataset waits on: nothing to look at
+        specs = self._config.specs() if all_datasets else self._specs_of(set(due))
         self._latest_this_pass = {}
+        polled, unread = self._moved_tables(specs) if all_datasets else ({}, set())
+        keys = (set(due) | {key for key, spec in specs.items() if spec.source_uri not in unread and (
+            spec.source_uri in polled or key in self._failed or key not in self._seen)}) & set(specs)
         for key in sorted(keys):
             spec = specs[key]
             if not spec.follow or spec.source_type != "delta":
                 continue
+            self._failed.discard(key)
             try:
-                waiting = self.refresh(key, spec, due.get(key, "poll"), grouped.get(key, []))
+                waiting = self.refresh(key, spec, due.get(key, "poll"))
             except SpeedLayerError as exc:
                 logger.warning("refreshing %s/%s failed: %s", *key, exc, extra={"tenant_id": key[0]})
+                self._failed.add(key)  # looked at again by the next poll, whether its table moved or not
                 waiting = False
             if waiting:  # looked at again when its epoch in flight settles
                 with self._lock:
                     self._due.setdefault(key, "loaded")
+        if all_datasets:  # only once every dataset of those versions was looked at
+            self._polled.update(polled)
+            self._seen = {key for key, spec in specs.items() if spec.source_uri not in unread}
         self._latest_this_pass = {}  # a refresh outside a pass reads the log again
 
-    def _specs(self) -> dict[DatasetKey, DatasetSpec]:
-        specs, parsed = {}, {}
-        for key, raw in self._state.metadata.get_prefix(self._state.keys.tenants_prefix):
-            dataset = self._state.keys.parse_dataset_spec(key)
-            if dataset is not None:
-                spec = self._parse(key, raw)
-                if spec is not None:
-                    specs[dataset], parsed[key] = spec, (raw, spec)
-        self._parsed = parsed  # what is no longer there is forgotten
-        return specs
+    def _moved_tables(self, specs: dict[DatasetKey, DatasetSpec]) -> tuple[dict[str, int], set[str]]:
+        """`{table URI: latest version}` of the followed Delta tables whose latest version is not
+        the one the last poll looked at (every table at a leader's first poll), and the tables
+        whose log could not be read (their datasets wait for the next poll)."""
+        uris = {spec.source_uri for spec in specs.values() if spec.follow and spec.source_type == "delta"}
+        self._polled = {uri: version for uri, version in self._polled.items() if uri in uris}
+        moved, unread = {}, set()
+        for uri in sorted(uris):
+            try:
+                latest = self._latest_version(uri)
+            except SpeedLayerError as exc:
+                logger.warning("reading the latest version of %s failed: %s", uri, exc)
+                unread.add(uri)
+                continue
+            if self._polled.get(uri) != latest:
+                moved[uri] = latest
+        return moved, unread
 
     def _specs_of(self, keys: set[DatasetKey]) -> dict[DatasetKey, DatasetSpec]:
         specs = {}
         for tenant, dataset in keys:
-            key = self._state.keys.dataset_spec(tenant, dataset)
-            raw = self._state.metadata.get(key)
-            spec = self._parse(key, raw) if raw is not None else None
+            spec = self._config.spec(tenant, dataset)
             if spec is not None:
                 specs[(tenant, dataset)] = spec
         return specs
-
-    def _parse(self, key: str, raw: bytes) -> DatasetSpec | None:
-        """The spec `raw` holds, parsed once per value (a poll reads every spec: 2,000 at scale)."""
-        known = self._parsed.get(key)
-        if known is not None and known[0] == raw:
-            return known[1]
-        try:
-            spec = DatasetSpec.from_json(raw, key)
-        except DanubeError as exc:
-            logger.error("ignoring %s: %s", key, exc)
-            return None
-        self._parsed[key] = (raw, spec)
-        return spec
 
     def _latest_version(self, uri: str) -> int:
         """The table's latest version, read once per pass (datasets may follow one table)."""

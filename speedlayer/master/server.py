@@ -35,6 +35,7 @@ from speedlayer.master.refresh import Refresher
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, strategy_named
 from speedlayer.master.table_cache import VersionCachedDeltaSource
+from speedlayer.master.worker_leases import LeaseRefresher
 from speedlayer.master.worker_streams import StreamRegistry
 from speedlayer.master.workers import WorkerDirectory
 from speedlayer.observability.audit import AuditEvent, AuditLogger, JsonlAuditLogger
@@ -61,8 +62,9 @@ class LeaderRuntime:
                  + MAX_RECONNECT_BACKOFF_S)
         self.reconciler = Reconciler(self.state, self.registry, server.config_view, server.strategy,
                                      server.audit, server.config.master_id, takeover_grace_s=grace)
+        self.leases = LeaseRefresher(server.metadata)
         self.directory = WorkerDirectory(self.state, self.registry, server.config.master_id,
-                                         server.config.heartbeat_interval_seconds, self._changed)
+                                         server.config.heartbeat_interval_seconds, self._changed, self.leases)
         self.admission = AdmissionController(
             self.state, server.config_view, server.table_sources, server.strategy,
             self._candidates,
@@ -86,12 +88,14 @@ class LeaderRuntime:
 
     def start(self) -> None:
         self.state.load()
+        self.leases.start()
         self.reconciler.start()
         self.refresher.start()
 
     def stop(self) -> None:
         self.refresher.stop()
         self.reconciler.stop()
+        self.leases.stop()
         self.registry.close_all()
         self.state.close()
 

@@ -11,7 +11,8 @@ import logging
 import threading
 import time
 import zlib
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from danube_core.errors import MetadataError
 from danube_core.metadata import MetadataStore, WatchEvent, WatchHandle
@@ -20,21 +21,28 @@ from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.master.record_index import EpochRef, RecordIndex, StatusCounts
 from speedlayer.observability.metrics import WORKERS_LOST
-from speedlayer.records import AssignmentRecord, GlobalConfig, TenantConfig, WorkerRecord
+from speedlayer.records import AssignmentRecord, DatasetSpec, GlobalConfig, TenantConfig, WorkerRecord
 
 logger = logging.getLogger(__name__)
 
 WorkerKey = tuple[str, str]  # (tenant, worker)
+DatasetKey = tuple[str, str]  # (tenant, dataset)
+Companions = tuple[tuple[str, bytes], ...]  # keys written in one transaction with a record
 
 
 class ConfigView:
-    """`/config/global` and `/tenants/*/config`, hot-reloaded through watches (seed §14)."""
+    """`/config/global` and `/tenants/*/config`, hot-reloaded through watches (seed §14), and
+    the followed datasets' specs (`/tenants/*/datasets/*`), which the same watch delivers: the
+    refresher and admission read those from here instead of etcd (at 2,000 datasets a poll read
+    them all every `refresh_poll_interval_s`, and every admission read its own back)."""
 
     def __init__(self, metadata: MetadataStore, keys: SpeedLayerKeys,
                  on_change: Callable[[], None] = lambda: None) -> None:
         self._metadata, self._keys, self._on_change = metadata, keys, on_change
         self.global_config = GlobalConfig()
         self.tenants: dict[str, TenantConfig] = {}
+        self._specs: dict[DatasetKey, tuple[bytes, DatasetSpec]] = {}  # (value as written, parsed)
+        self._specs_lock = threading.Lock()
         self._watches: list[WatchHandle] = []
 
     def start(self) -> None:
@@ -53,11 +61,33 @@ class ConfigView:
     def tenant(self, tenant: str) -> TenantConfig:
         return self.tenants.get(tenant, TenantConfig())
 
-    def _on_event(self, event: WatchEvent) -> None:
-        self._apply(event)
-        self._on_change()
+    def specs(self) -> dict[DatasetKey, DatasetSpec]:
+        """Every dataset spec, as last written (by this master or seen through the watch)."""
+        with self._specs_lock:
+            return {key: spec for key, (_, spec) in self._specs.items()}
 
-    def _apply(self, event: WatchEvent) -> None:
+    def spec(self, tenant: str, dataset: str) -> DatasetSpec | None:
+        with self._specs_lock:
+            known = self._specs.get((tenant, dataset))
+        return known[1] if known is not None else None
+
+    def wrote_spec(self, tenant: str, dataset: str, spec: DatasetSpec) -> None:
+        """This master just wrote `spec`: readers here see it before the watch brings it back."""
+        raw = spec.to_json()
+        with self._specs_lock:
+            self._specs[(tenant, dataset)] = (raw, spec)
+
+    def _on_event(self, event: WatchEvent) -> None:
+        if self._apply(event):
+            self._on_change()
+
+    def _apply(self, event: WatchEvent) -> bool:
+        """Apply one change; False for a dataset spec (it moves no epoch: the refresher reads
+        specs when it looks, nothing needs waking)."""
+        dataset = self._keys.parse_dataset_spec(event.key) if event.key.startswith(self._keys.tenants_prefix) else None
+        if dataset is not None:
+            self._apply_spec(dataset, event)
+            return False
         try:
             if event.key == self._keys.global_config:
                 self.global_config = (GlobalConfig.from_json(event.value, event.key)
@@ -73,6 +103,26 @@ class ConfigView:
                 logger.info("tenant %s config now %s", tenant, self.tenants.get(tenant), extra={"tenant_id": tenant})
         except (MetadataError, ValueError) as exc:  # a bad edit keeps the last good config
             logger.error("ignoring config change at %s: %s", event.key, exc)
+        return True
+
+    def _apply_spec(self, dataset: DatasetKey, event: WatchEvent) -> None:
+        if event.value is None:
+            with self._specs_lock:
+                self._specs.pop(dataset, None)
+            return
+        with self._specs_lock:
+            known = self._specs.get(dataset)
+        if known is not None and known[0] == event.value:
+            return  # this master's own write coming back
+        try:
+            spec = DatasetSpec.from_json(event.value, event.key)
+        except MetadataError as exc:  # a bad edit: the dataset is not followed until fixed
+            logger.error("ignoring %s: %s", event.key, exc)
+            with self._specs_lock:
+                self._specs.pop(dataset, None)
+            return
+        with self._specs_lock:
+            self._specs[dataset] = (event.value, spec)
 
 
 def encode_plan(plan: cp.LoadPlan) -> bytes:
@@ -105,6 +155,7 @@ class ClusterState:
         # Derived from `records`, changed with them (admission and each pass read it, not a scan).
         self.index = RecordIndex()
         self._workers_generation = 0  # bumped by every change of workers, losses and drains
+        self._placing: set[EpochRef] = set()  # epochs an admission is placing right now
 
     def load(self) -> None:
         """Read everything, then follow workers and drains; workers named by records but not
@@ -199,15 +250,45 @@ class ClusterState:
             return self.index.counts_generation
 
     def placement_view(self) -> tuple[dict[WorkerKey, int], list[AssignmentRecord]]:
-        """`RecordIndex.placement_counts` and `RecordIndex.short`, taken together."""
+        """`RecordIndex.placement_counts` and `RecordIndex.short`, taken together; `short`
+        without the epochs an admission is placing (`placing`)."""
         with self._lock:
-            return self.index.placement_counts(), self.index.short()
+            return self.index.placement_counts(), [r for r in self.index.short()
+                                                   if (r.tenant, r.dataset, r.epoch) not in self._placing]
+
+    @contextmanager
+    def placing(self, refs: list[EpochRef]) -> Iterator[None]:
+        """An admission places `refs` itself meanwhile (PLANNED, no replica yet): a reconciliation
+        pass leaves them alone instead of running a full placement for them (O(epochs), holding
+        the GIL while the admission waits) and racing the admission's own write. If the
+        admission fails, the caller wakes the reconciler, which places what it left PLANNED."""
+        with self._lock:
+            self._placing.update(refs)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._placing.difference_update(refs)
+
+    def placing_now(self) -> frozenset[EpochRef]:
+        with self._lock:
+            return frozenset(self._placing)
 
     def take_desired(self) -> dict[WorkerKey, dict[str, AssignmentRecord]]:
         """What each worker whose epochs changed since the last call should hold (one caller:
         the reconciler's loop)."""
         with self._lock:
             return self.index.take_desired()
+
+    def desired_of(self, key: WorkerKey) -> dict[str, AssignmentRecord]:
+        """What one worker should hold (`RecordIndex.desired_of`)."""
+        with self._lock:
+            return self.index.desired_of(key)
+
+    def records_on(self, key: WorkerKey) -> list[AssignmentRecord]:
+        """The records with a replica on one worker (`RecordIndex.records_on`)."""
+        with self._lock:
+            return self.index.records_on(key)
 
     def superseded(self) -> frozenset[EpochRef]:
         """`lifecycle.superseded_keys` of the records."""
@@ -239,14 +320,16 @@ class ClusterState:
     def record(self, tenant: str, dataset: str, epoch: str) -> AssignmentRecord | None:
         return self.records.get(self.keys.assignment(tenant, dataset, epoch))
 
-    def create_record(self, record: AssignmentRecord) -> AssignmentRecord:
-        """Persist a new record; if one exists (a retry, a race), return that one instead."""
+    def create_record(self, record: AssignmentRecord, also: Companions = ()) -> AssignmentRecord:
+        """Persist a new record; if one exists (a retry, a race), return that one instead.
+        `also`: keys written with it in one transaction (on their own if it exists)."""
         key = self.keys.assignment(record.tenant, record.dataset, record.epoch)
         stamped = _stamped(record)
         value = stamped.to_json()
-        if self.metadata.put_if_absent(key, value):
+        if self._write(key, None, value, also):
             self._cache(key, stamped, value)
             return stamped
+        self.put_all(also)
         raw = self.metadata.get(key)
         if raw is None:
             return stamped
@@ -266,11 +349,14 @@ class ClusterState:
                 self.index.put(key, record)
 
     def update_record(self, tenant: str, dataset: str, epoch: str,
-                      change: Callable[[AssignmentRecord], AssignmentRecord | None]) -> AssignmentRecord | None:
+                      change: Callable[[AssignmentRecord], AssignmentRecord | None],
+                      also: Companions = ()) -> AssignmentRecord | None:
         """Apply `change` (None: leave as is) with compare-and-put until it sticks.
 
         The first attempt compares against the bytes this leader last saw (no read); if etcd
         holds something else (another writer), the key is read and the change applied again.
+        `also`: keys written in the same transaction as the change (on their own when there
+        is nothing to change): each is written whatever the record holds.
         """
         key = self.keys.assignment(tenant, dataset, epoch)
         with self._lock:
@@ -280,19 +366,33 @@ class ClusterState:
                 raw = self.metadata.get(key)
                 if raw is None:
                     self._cache(key, None, None)
+                    self.put_all(also)
                     return None
             current = AssignmentRecord.from_json(raw, key)
             updated = change(current)
             if updated is None or updated == current:
                 self._cache(key, current, raw)
+                self.put_all(also)
                 return current
             updated = _stamped(updated)
             value = updated.to_json()
-            if self.metadata.compare_and_put(key, raw, value):
+            if self._write(key, raw, value, also):
                 self._cache(key, updated, value)
                 return updated
             raw = None
         raise MetadataError(f"{key}: 20 concurrent changes in a row; giving up this update")
+
+    def _write(self, key: str, expected: bytes | None, value: bytes, also: Companions) -> bool:
+        if also:
+            return self.metadata.compare_and_put_with(key, expected, value, list(also))
+        if expected is None:
+            return self.metadata.put_if_absent(key, value)
+        return self.metadata.compare_and_put(key, expected, value)
+
+    def put_all(self, also: Companions) -> None:
+        """Write each of `also` on its own."""
+        for other, value in also:
+            self.metadata.put(other, value)
 
     def delete_record(self, record: AssignmentRecord) -> None:
         """Forget an epoch: its record and its plan (only ever an EVICTED one)."""
@@ -304,9 +404,15 @@ class ClusterState:
         self._cache(key, None, None)
 
     def put_plan(self, plan: cp.LoadPlan) -> None:
+        self.metadata.put(*self.plan_write(plan))
+
+    def plan_write(self, plan: cp.LoadPlan) -> tuple[str, bytes]:
+        """The (key, value) that persists `plan`, for a caller writing it with its record
+        (`update_record(also=...)`); kept here as written (plans are immutable, their epoch's id
+        names them)."""
         key = self.keys.plan(plan.tenant_id, plan.dataset_id, plan.epoch_id)
-        self.metadata.put(key, encode_plan(plan))
         self._plans[key] = plan
+        return key, encode_plan(plan)
 
     def get_plan(self, tenant: str, dataset: str, epoch: str) -> cp.LoadPlan | None:
         key = self.keys.plan(tenant, dataset, epoch)

@@ -35,6 +35,10 @@ class WorkerSession:
     memory_used_bytes: int = 0
     last_heartbeat: float = field(default_factory=time.monotonic)
     closed: bool = False
+    # Set after `held` changes (a status report, registration), cleared by the reconciler's
+    # sync before it reads `held`: a pass syncs only the sessions whose epochs or reports
+    # changed, not all 100 workers on every change of one.
+    reported: bool = True
 
     @property
     def key(self) -> tuple[str, str]:

@@ -1,7 +1,8 @@
 """Worker liveness on the leader (seed §5): registration, heartbeats, pull status, disconnects.
 
 Registration grants an etcd lease of `3 x heartbeat interval` and puts
-`/workers/{tenant}/{worker}` with it; every heartbeat refreshes the lease, so a worker that
+`/workers/{tenant}/{worker}` with it; every heartbeat refreshes the lease (`worker_leases`:
+the heartbeats of all workers batched into one etcd request per round), so a worker that
 stops sending (killed, stopped, partitioned) loses its key within the TTL, which the leader's
 watch turns into a reassignment after the grace period. What a registering worker already
 holds is reconciled with the records instead of reloaded: a READY epoch the records place on
@@ -20,6 +21,7 @@ from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.errors import InvalidRequestError, TenantIsolationError
 from speedlayer.keys import valid_id
 from speedlayer.master.state import ClusterState
+from speedlayer.master.worker_leases import LeaseRefresher
 from speedlayer.master.worker_streams import StreamRegistry, WorkerSession
 from speedlayer.records import R_ASSIGNED, R_FAILED, R_LOADING, R_READY, AssignmentRecord, ReplicaRecord, WorkerRecord
 
@@ -30,8 +32,9 @@ Status = cp.DataPullStatusUpdateEvent
 
 class WorkerDirectory:
     def __init__(self, state: ClusterState, registry: StreamRegistry, master_id: str,
-                 heartbeat_interval_s: int, changed: Callable[[], None]) -> None:
+                 heartbeat_interval_s: int, changed: Callable[[], None], leases: LeaseRefresher) -> None:
         self._state, self._registry, self._master_id = state, registry, master_id
+        self._leases = leases
         self.heartbeat_interval_s = heartbeat_interval_s
         self._changed = changed
 
@@ -62,10 +65,9 @@ class WorkerDirectory:
 
     def _reconcile_held(self, session: WorkerSession, held: list[cp.HeldEpoch]) -> None:
         reported = {(e.dataset_id, e.epoch_id) for e in held if e.status == Status.COMPLETED}
-        for record in self._state.snapshot()[0]:
+        for record in self._state.records_on(session.key):
             replica = record.replicas.get(session.worker_id)
-            if (record.tenant != session.tenant or replica is None or replica.state == R_ASSIGNED
-                    or (record.dataset, record.epoch) in reported):
+            if replica is None or replica.state == R_ASSIGNED or (record.dataset, record.epoch) in reported:
                 continue
             # Placed here but not held (a restarted process): not READY until loaded again.
             self._state.update_record(record.tenant, record.dataset, record.epoch, functools.partial(
@@ -93,12 +95,13 @@ class WorkerDirectory:
                 return None
 
             self._state.update_record(session.tenant, epoch.dataset_id, epoch.epoch_id, adopt)
+        session.reported = True
         self._changed()
 
     def heartbeat(self, session: WorkerSession, message: cp.EventStreamMessage) -> cp.HeartbeatAckEvent:
         session.last_heartbeat = time.monotonic()
         session.memory_used_bytes = message.heartbeat_event.status.memory_used_bytes
-        session.lease.refresh()
+        self._leases.heard(session)
         draining = self._state.is_draining((session.tenant, session.worker_id))
         action = cp.HeartbeatAckEvent.DRAIN if draining else cp.HeartbeatAckEvent.NONE
         return cp.HeartbeatAckEvent(requested_action=action)
@@ -114,6 +117,7 @@ class WorkerDirectory:
         if state is None:
             return
         session.held[ref] = state
+        session.reported = True
 
         def change(current: AssignmentRecord) -> AssignmentRecord | None:
             if session.worker_id not in current.replicas:

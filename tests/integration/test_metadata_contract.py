@@ -214,6 +214,34 @@ class MetadataStoreContract:
         assert store.get(prefix + "kept") is None
         kept.revoke()  # revoking again is harmless
 
+    def test_compare_and_put_with_writes_the_companion_keys_only_with_the_swap(self, store: MetadataStore,
+                                                                               prefix: str):
+        record, plan = prefix + "record", prefix + "plan"
+        assert store.compare_and_put_with(record, None, b"v1", [(plan, b"p1")])
+        assert (store.get(record), store.get(plan)) == (b"v1", b"p1")
+        assert store.compare_and_put_with(record, b"v1", b"v2", [(plan, b"p2"), (prefix + "other", b"o")])
+        assert (store.get(record), store.get(plan), store.get(prefix + "other")) == (b"v2", b"p2", b"o")
+        assert not store.compare_and_put_with(record, b"v1", b"v3", [(plan, b"p3")])  # stale: nothing written
+        assert not store.compare_and_put_with(record, None, b"v3", [(plan, b"p3")])  # exists
+        assert (store.get(record), store.get(plan)) == (b"v2", b"p2")
+
+    def test_refresh_leases_refreshes_many_and_names_the_expired(self, store: MetadataStore, prefix: str):
+        kept, gone, control = [store.grant_lease(2) for _ in range(3)], store.grant_lease(30), store.grant_lease(2)
+        for index, lease in enumerate(kept):
+            store.put(f"{prefix}kept{index}", b"k", lease=lease)
+        store.put(prefix + "control", b"c", lease=control)  # same TTL, never refreshed
+        gone.revoke()
+        assert store.refresh_leases([]) == []
+
+        def control_expired() -> bool:
+            assert [lease.id for lease in store.refresh_leases([*kept, gone])] == [gone.id]
+            return store.get(prefix + "control") is None
+
+        eventually(control_expired, deadline_s=15, interval_s=0.3)
+        assert all(store.get(f"{prefix}kept{index}") == b"k" for index in range(len(kept)))
+        for lease in kept:
+            lease.revoke()
+
     def test_a_lease_is_revoked_by_its_id_alone(self, store: MetadataStore, prefix: str):
         lease = store.grant_lease(30)  # granted by "another process": only its id is known here
         store.put(prefix + "locked", b"l", lease=lease)

@@ -86,6 +86,11 @@ def assert_equals_scratch(index: RecordIndex, records: dict[str, AssignmentRecor
         scratch = DesiredEpochs.of(now).by_worker
         assert desired == scratch
         assert all(list(desired[k]) == list(scratch[k]) for k in scratch)  # oldest first
+        assert all(list(index.desired_of(k)) == list(scratch[k]) for k in scratch)
+    holders = {(r.tenant, w) for r in now for w in r.replicas}
+    for key in holders | {("t1", "nobody")}:
+        assert index.records_on(key) == sorted((r for r in now if r.tenant == key[0] and key[1] in r.replicas),
+                                               key=lambda r: (r.tenant, r.dataset, r.epoch))
     assert index.worker_loads() == worker_loads_of(now)
     for tenant in TENANTS:
         assert index.usage(tenant) == (tenant_usage(now, tenant), usage(now))
