@@ -27,7 +27,7 @@ from connectors.query_scope import QueryScope
 from connectors.stream import DanubeStreamReader
 from danube_core.cached_store import CachedMetadataStore
 from danube_core.errors import ConfigError, DataLossError, MetadataCompactedError
-from danube_core.keys import cursor_key, namespace_topic_key, subscription_key, subscriptions_prefix
+from danube_core.keys import StorageKeys, cursor_key, namespace_topic_key, subscription_key, subscriptions_prefix
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from danube_core.records import dump_cursor
@@ -409,6 +409,18 @@ def test_a_stream_far_behind_plans_a_window_of_its_backlog_per_trigger(env, monk
         reader.stop()
 
 
+def cache_caught_up(reader: DanubeStreamReader, metadata: EtcdMetadataStore, topic: str) -> None:
+    """Wait until the stream's watch-synced cache holds what etcd holds for `topic`'s storage
+    keys (the `cur` pointer and descriptors). The cache follows etcd's watch, which on a loaded
+    machine can be a trigger behind a write made a moment ago: a test asserting what one
+    trigger sees must let it catch up first (seen: a trigger that did not yet see a restart)."""
+    state = reader._state
+    assert state is not None
+    cache = state.scope.cache
+    stored = dict(metadata.get_prefix(StorageKeys().objects_prefix(topic)))
+    eventually(lambda: all(cache.get(key) == value for key, value in stored.items()), deadline_s=30)
+
+
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
 def test_a_run_restarted_below_a_streams_position_is_named_once(env, fail_on_data_loss):
     """A broker that restarts the topic at offset 0 while a stream is at 50 (the real broker's
@@ -427,6 +439,7 @@ def test_a_run_restarted_below_a_streams_position_is_named_once(env, fail_on_dat
         builder.crash_restart(builder.broker_id + 1)
         builder.append(70)  # offsets 0..69 of the new run
         builder.upload()
+        cache_caught_up(reader, env["metadata"], topic)
         if fail_on_data_loss:
             with pytest.raises(DataLossError, match=rf"{re.escape(topic)}.*\[0, 50\).*restarted at 0"):
                 reader.latestOffset(end, ReadAllAvailable())
