@@ -8,11 +8,13 @@ to the pure planner as `TopicSnapshot`s. Executors never use it.
   topic's whole history (`connectors.descriptor_reads`).
 * The WAL chain comes from `connectors.wal_scan` (owner's directory first, previous owners'
   when needed; incremental header scans from the uploader's resume point).
+* Which topics a query reads comes from the namespace index (`connectors.topic_resolver`).
 * Where a topic ends (its latest offset, WAL chain, sealed state) is `connectors.topic_head`.
 * Offset reuse: once per topic (and again whenever `cur` stops moving forward), every
-  descriptor is read and the topic's objects are listed, and `connectors.topic_runs` sorts
-  them, the WAL runs and the sealed state into the current run and stale ones. Snapshots hold
-  only the current run's objects and the reused ranges, which the planner reports as data loss.
+  descriptor is read and the topic's objects are listed (`connectors.topic_audit`), and
+  `connectors.topic_runs` sorts them, the WAL runs and the sealed state into the current run
+  and stale ones. Snapshots hold only the current run's objects and the reused ranges, which
+  the planner reports as data loss.
 * A WAL that cannot be found (a real broker registers no `wal_url`) is named in one warning
   per topic and owner, with the unread tail as far as etcd tells (`TopicSnapshot.unread_tail`).
 * What planning must report besides the objects comes with each snapshot: a new run that
@@ -25,29 +27,27 @@ scan state between calls and is meant for one driver thread.
 from __future__ import annotations
 
 import logging
-import re
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from connectors.descriptor_reads import DescriptorReader
-from connectors.snapshot import StoredObject, TopicSnapshot, WalRun
+from connectors.snapshot import StoredObject, TopicSnapshot
+from connectors.topic_audit import TopicAuditor
 from connectors.topic_head import TopicHead, TopicHeads
-from connectors.topic_runs import ContiguousRun, RunAudit, audit_contiguous_run, audit_runs, current_chain
+from connectors.topic_resolver import TopicResolver
+from connectors.topic_runs import RunAudit
 from connectors.unread_tail import UnreadTails
 from connectors.options import WAL_AUTO, WAL_NONE
-from connectors.wal_scan import ClusterView, WalFinder, scan_file_runs
+from connectors.wal_scan import ClusterView, WalFinder
 from danube_core import keys
 from danube_core.errors import MetadataError, ObjectMissingError
 from danube_core.metadata import MetadataStore
-from danube_core.objectstore import OBJECT_ID_PATTERN, ObjectStore, object_id_for, parse_object_id
-from danube_core.records import CurPointer, ObjectDescriptor, SealedState, parse_cursor
+from danube_core.objectstore import OBJECT_ID_PATTERN, ObjectStore, object_id_for
+from danube_core.records import ObjectDescriptor, parse_cursor
 from danube_core.topics import TopicName
 
 __all__ = ["TopicCatalog", "WAL_AUTO", "WAL_NONE"]  # the walRoot keywords, for options
 
 logger = logging.getLogger(__name__)
-
-AUDIT_PAGE_KEYS = 1024  # descriptors a run audit reads and parses at a time (about 1 MB parsed)
-LISTING_MARGIN = 1024  # offsets past the head a run audit lists objects to (`_listing_bound`)
 
 
 class TopicCatalog:
@@ -74,67 +74,28 @@ class TopicCatalog:
         self._stored_memo: dict[tuple[str, str], tuple[ObjectDescriptor, StoredObject]] = {}  # see _stored
         self._descriptors = DescriptorReader(metadata, self._keys, on_memo_reset=self._stored_memo.clear)
         self._object_dirs: dict[TopicName, str] = {}
+        self._topics = TopicResolver(metadata)
         self._audits: dict[str, RunAudit] = {}
-        self._object_ranges: dict[str, int] = {}  # orphan object URL -> its last offset
+        self._auditor = TopicAuditor(metadata, self._keys, self._store, self._storage_options, self._wal,
+                                     self._descriptors, self._objects_url, self._audits)
         self._heads = TopicHeads(metadata, self._keys, self._descriptors, self._wal, UnreadTails(self._cursors),
-                                 self._audits, self._audit)
-        # topic -> the lowest offset a stream reads it from (None: from its head); a topic not
-        # here is read from anywhere (batch reads), so its run audit covers its whole history.
-        self._read_from: dict[str, int | None] = {}
-        self._audited_from: dict[str, int] = {}  # topic -> descriptor key its run audit starts at
+                                 self._audits, self._auditor.audit)
 
     # ---- topics ---------------------------------------------------------------------------
 
     def resolve_topics(
         self, topics: list[str] | None = None, pattern: str | None = None, namespace: str | None = None
     ) -> list[TopicName]:
-        """Topics to read: explicit names, a regex (full match on `/ns/topic` or its base name),
-        or a whole namespace. A partitioned base name expands to its `-part-N` partitions
-        (exact match on the base, unlike the broker's prefix match, §7). An explicit name that
-        is not (yet) in the namespace index is kept, so it is read once it exists."""
-        chosen = (topics is not None) + (pattern is not None) + (namespace is not None and pattern is None)
-        if chosen != 1:
-            raise ValueError("give exactly one of topics, pattern or namespace (pattern may be "
-                             f"combined with namespace); got topics={topics!r} pattern={pattern!r} "
-                             f"namespace={namespace!r}")
-        if topics is not None:
-            return sorted({p for name in topics for p in self._expand(TopicName.parse(name))}, key=_order)
-        known = self._indexed(namespace)
-        if pattern is None:
-            return sorted(known, key=_order)
-        regex = re.compile(pattern)
-        matching = (t for t in known if regex.fullmatch(str(t)) or regex.fullmatch(t.base_name))
-        return sorted(matching, key=_order)
+        """Topics to read: explicit names, a regex or a whole namespace (`TopicResolver.resolve`)."""
+        return self._topics.resolve(topics, pattern, namespace)
 
     def indexed(self, topics: Iterable[TopicName | str]) -> set[str]:
         """Those of `topics` the namespace index lists now (a deleted topic's entry is gone)."""
-        return {str(t) for t in map(_topic, topics) if self._metadata.get(keys.namespace_topic_key(t)) is not None}
+        return self._topics.indexed(map(_topic, topics))
 
     def namespace_topics(self, namespace: str) -> list[TopicName]:
         """Every topic and partition the namespace index lists, in a stable order."""
-        return sorted(self._indexed(namespace), key=_order)
-
-    def _indexed(self, namespace: str | None, prefix: str | None = None) -> list[TopicName]:
-        """Topics in the namespace index: one namespace's, every namespace's, or those whose
-        index key starts with `prefix`."""
-        if prefix is None:
-            prefix = keys.namespace_topics_prefix(namespace) if namespace else keys.NAMESPACES_PREFIX
-        found = []
-        for key, _ in self._metadata.get_prefix(prefix, keys_only=True):
-            if "/topics/" in key:
-                found.append(keys.topic_from_namespace_index_key(key))
-        return found
-
-    def _expand(self, topic: TopicName) -> list[TopicName]:
-        # Only the index keys starting with the topic's own: itself and its `-part-N` partitions.
-        known = self._indexed(topic.namespace, keys.namespace_topic_key(topic))
-        if topic in known:
-            return [topic]
-        parts = [t for t in known if t.partition is not None and t.base_name == topic.broker_name]
-        if not parts:
-            logger.debug("topic %s is not in the namespace index (yet); reading it as it appears", topic)
-            return [topic]
-        return parts
+        return self._topics.namespace_topics(namespace)
 
     # ---- offsets --------------------------------------------------------------------------
 
@@ -202,13 +163,7 @@ class TopicCatalog:
         such an audit; batch reads and the inspector audit the whole topic.
         """
         name = str(_topic(topic))
-        if name in self._read_from:
-            known = self._read_from[name]
-            if offset is None or (known is not None and known <= offset):
-                return
-        self._read_from[name] = offset
-        audited = self._audited_from.get(name)
-        if audited is not None and offset is not None and offset < audited:
+        if self._auditor.read_from(name, offset):
             self._audits.pop(name, None)
             self._heads.forget(name)
 
@@ -295,109 +250,6 @@ class TopicCatalog:
         self._head(topic, self._cluster())
         return self._audits[str(topic)]
 
-    def _audit(self, topic: TopicName, sealed: SealedState | None, wal: list[WalRun]) -> RunAudit:
-        """Read the descriptors (from `_audit_start` on) and list the objects once, and sort
-        them into runs: a clean run folded page by page (`ContiguousRun`), anything else from
-        the whole list."""
-        raw_cur = self._metadata.get(self._keys.cur_key(topic))
-        cur = int(CurPointer.from_json(raw_cur, self._keys.cur_key(topic)).start) if raw_cur else None
-        floor = self._audit_start(topic, cur)
-        wal_stop = wal[-1].stop_offset if wal else None
-        listed_ids = self._store.list_objects(topic, floor, self._listing_bound(floor, cur, wal_stop))
-        stale_wal = self._wal.stale_runs.get(str(topic), []) if self._wal is not None else []
-        run = ContiguousRun(listed_ids)
-        audit: RunAudit | None = None
-        for page in self._descriptor_pages(topic, floor):
-            if not run.take(page):
-                break
-        if run.clean and run.stop is not None and (wal_stop is None or wal_stop >= run.stop):
-            newest = run.newest[-1].created_at
-            unreferenced = [(oid, start, self._unless_in_flight(topic, oid, start, run.stop, newest))
-                            for oid, start in run.unreferenced()]
-            audit = audit_contiguous_run(str(topic), run, self._objects_url(topic), unreferenced, wal,
-                                         stale_wal, sealed)
-        if audit is None or not audit.clean:  # an unclean run's reads are planned from all of it
-            audit = self._audit_whole(topic, floor, cur, listed_ids, sealed, wal, stale_wal)
-        self._audits[str(topic)] = audit
-        self._audited_from[str(topic)] = floor
-        if not audit.clean:
-            logger.warning("topic %s: %s", topic, audit.summary())
-        audit.compact()
-        return audit
-
-    def _audit_whole(self, topic: TopicName, floor: int, cur: int | None, listed_ids: list[str],
-                     sealed: SealedState | None, wal: list[WalRun], stale_wal: list[WalRun]) -> RunAudit:
-        """The audit of a topic whose stored runs are not one clean run: every descriptor from
-        `floor` on in memory at once (`current_chain` compares each with all)."""
-        descriptors = [d for page in self._descriptor_pages(topic, floor) for d in page]
-        chain, _ = current_chain(descriptors, cur)
-        referenced = {d.object_id for d in descriptors}
-        uploaded_stop = chain[-1].end_offset + 1 if chain else 0
-        newest = max((d.created_at for d in chain), default=0)
-        listed = []
-        for oid in listed_ids:
-            start = parse_object_id(oid)[0]
-            listed.append((oid, start, None if oid in referenced
-                           else self._unless_in_flight(topic, oid, start, uploaded_stop, newest)))
-        return audit_runs(str(topic), descriptors, cur, self._objects_url(topic), listed, wal, stale_wal, sealed)
-
-    def _unless_in_flight(self, topic: TopicName, object_id: str, start: int, uploaded_stop: int,
-                          newest: int) -> int | None:
-        """Last offset of an object no descriptor references, or None for an upload in flight
-        (at or above the uploaded head and no older than the newest upload: its descriptor is
-        not written yet), which is not scanned."""
-        if start >= uploaded_stop and parse_object_id(object_id)[1] >= newest:
-            return None
-        return self._last_offset_of(self._objects_url(topic) + object_id, start)
-
-    def _descriptor_pages(self, topic: TopicName, floor: int) -> Iterator[list[ObjectDescriptor]]:
-        """The topic's descriptors from key `floor` on, by start offset, `AUDIT_PAGE_KEYS` at a
-        time. Parsed outside `DescriptorReader.parse`'s memo: a long history is audited once,
-        and its descriptors must not stay in memory for the query's life."""
-        start_key = self._keys.object_key(topic, floor) if floor else self._keys.objects_prefix(topic)
-        end_key = self._keys.cur_key(topic)
-        while True:
-            rows = self._metadata.get_range(start_key, end_key, AUDIT_PAGE_KEYS)
-            page = [ObjectDescriptor.from_json(raw, key) for key, raw in rows
-                    if keys.parse_object_key(key) is not None]
-            if page:
-                yield page
-            if len(rows) < AUDIT_PAGE_KEYS:
-                return
-            start_key = rows[-1][0] + "\0"
-
-    @staticmethod
-    def _listing_bound(floor: int, cur: int | None, wal_stop: int | None) -> int | None:
-        """Highest start offset the audit lists objects up to: none from offset 0 (the whole
-        topic is read anyway); else past the known head by as much again as the stream is behind
-        it, and `LISTING_MARGIN`, so the listing follows the stream's own offsets (an older
-        run's object with no descriptor further above is not seen until a later audit)."""
-        if floor == 0:
-            return None
-        head = max(cur or 0, wal_stop or 0, floor)
-        return head + (head - floor) + LISTING_MARGIN
-
-    def _audit_start(self, topic: TopicName, cur: int | None) -> int:
-        """Key offset the run audit starts at: 0 (the whole topic) unless a stream said where
-        it reads from (`read_from`)."""
-        name = str(topic)
-        if name not in self._read_from:
-            return 0
-        offset = self._read_from[name]
-        if offset is None:
-            return cur or 0
-        return self.covering_start(topic, offset) if cur is None or offset < cur else cur
-
-    def _last_offset_of(self, url: str, start: int) -> int:
-        """Last offset of an object no descriptor describes (its frames scanned once)."""
-        if url not in self._object_ranges:
-            try:
-                runs = scan_file_runs(url, self._storage_options)
-            except ObjectMissingError:
-                runs = []
-            self._object_ranges[url] = max((r.stop_offset - 1 for r in runs), default=start)
-        return self._object_ranges[url]
-
     def _cursors(self, topic: str) -> list[int]:
         found = []
         for key, raw in self._metadata.get_prefix(keys.subscriptions_prefix(_topic(topic))):
@@ -465,8 +317,3 @@ class TopicCatalog:
 
 def _topic(topic: TopicName | str) -> TopicName:
     return topic if isinstance(topic, TopicName) else TopicName.parse(topic)
-
-
-def _order(topic: TopicName) -> tuple:
-    partition = topic.partition if topic.partition is not None else -1
-    return (topic.namespace, topic.base_name, partition, topic.topic)

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from connectors import catalog as catalog_module
+from connectors import topic_audit
 from connectors.catalog import TopicCatalog
 from connectors.planner import cap_end_offsets, plan_tasks
 from connectors.salvage import salvage_tasks
@@ -161,7 +161,7 @@ def test_planning_reads_descriptors_by_range_not_the_whole_history(metadata, mak
 def test_a_run_audit_folds_a_clean_history_a_page_at_a_time(metadata, make, s3_store, unique_name, monkeypatch):
     """A stream from `earliest` audits the history it will read holding one page of it; the
     audit is the one a whole read gives, and every message is still read."""
-    monkeypatch.setattr(catalog_module, "AUDIT_PAGE_KEYS", 8)
+    monkeypatch.setattr(topic_audit, "AUDIT_PAGE_KEYS", 8)
     b = uploaded_in_fives(make, unique_name)
     counting = CountingMetadata(metadata)
     cat = catalog(counting, s3_store, wal_root="none")
@@ -177,7 +177,7 @@ def test_a_fold_that_meets_another_run_audits_the_whole_list(metadata, make, s3_
                                                               shape):
     """Past the first page: a gap is still data loss naming its offsets; a restart that
     overwrote a descriptor is still reuse naming the older object."""
-    monkeypatch.setattr(catalog_module, "AUDIT_PAGE_KEYS", 4)
+    monkeypatch.setattr(topic_audit, "AUDIT_PAGE_KEYS", 4)
     b = make(f"/default/{unique_name('t')}")
     uploads = []
     for _ in range(20):
