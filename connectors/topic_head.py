@@ -85,11 +85,11 @@ class TopicHeads:
         sealed = sealed if sealed is not None and sealed.sealed else None
         audit = self._audits.get(str(topic))
         chain, stale_above = current_chain(above, cur)
-        if audit is not None and any(d.object_id not in audit.stale_ids() for d in stale_above):
-            audit = None  # an older run's descriptor the audit has not seen: audit again
         if audit is not None and chain and not audit.continues(chain[-1]):
             audit = None  # `cur` went back: a new run started since the audit
             self._restarted.add(str(topic))
+        if audit is not None and any(d.object_id not in audit.stale_ids() for d in stale_above):
+            audit = None  # an older run's descriptor the audit has not seen: audit again
         last = chain[-1] if chain else None
         wal = self._wal_chain(topic, last, sealed, cluster)
         restarted_at = None
