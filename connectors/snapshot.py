@@ -55,11 +55,17 @@ class WalRun:
     last element is the end of the last frame, so `len(positions) - 1` frames are known. A run
     with one position and no frame marks where the frame `first_offset` will be written (the
     WAL head when everything before it was uploaded).
+
+    `restarted_after_upload`: the run began with an offset below the frame before it in its
+    file, written after the uploader's checkpointed position (a broker restarted without seal
+    appends offsets from 0 again to the old `wal.log`, §6.6, and has not uploaded since), so the
+    uploaded objects holding its offsets are an older run's.
     """
 
     url: str
     first_offset: int
     positions: Sequence[int]
+    restarted_after_upload: bool = False
 
     @property
     def stop_offset(self) -> int:
@@ -76,7 +82,8 @@ class WalRun:
         """The frames `[start_offset, stop_offset)` of this run (clamped to it)."""
         lo = max(start_offset, self.first_offset) - self.first_offset
         hi = min(stop_offset, self.stop_offset) - self.first_offset
-        return WalRun(self.url, self.first_offset + lo, self.positions[lo : max(lo, hi) + 1])
+        return WalRun(self.url, self.first_offset + lo, self.positions[lo : max(lo, hi) + 1],
+                      self.restarted_after_upload and lo == 0)
 
 
 @dataclass

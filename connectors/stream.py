@@ -208,7 +208,9 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snapshots = state.catalog.snapshots({t: max(0, min(begin[t], e) - 1) for t, e in window.items()}, window)
         self._report_restarts(state, begin, snapshots)
         self._report_lag(state, begin, latest, window, snapshots)
-        end = self._admit(state, begin, latest, window, limit, snapshots)
+        # Never back below the position: a head below it is a view a moment behind etcd (a
+        # deletion not seen yet) or a new run that has not reached it (reported above).
+        end = {t: max(e, begin[t]) for t, e in self._admit(state, begin, latest, window, limit, snapshots).items()}
         if self.options.lost_offsets_location is not None and not self.options.fail_on_data_loss:
             from connectors.loss_records import fold
 

@@ -17,7 +17,9 @@ from typing import Iterator
 
 from connectors.descriptor_reads import DescriptorReader
 from connectors.snapshot import WalRun
-from connectors.topic_runs import ContiguousRun, RunAudit, audit_contiguous_run, audit_runs, current_chain
+from connectors.topic_runs import (
+    ContiguousRun, RunAudit, audit_contiguous_run, audit_runs, current_chain, restart_in_wal,
+)
 from connectors.wal_scan import WalFinder, scan_file_runs
 from danube_core import keys
 from danube_core.errors import ObjectMissingError
@@ -81,7 +83,7 @@ class TopicAuditor:
         for page in self._descriptor_pages(topic, floor):
             if not run.take(page):
                 break
-        if run.clean and run.stop is not None and (wal_stop is None or wal_stop >= run.stop):
+        if run.clean and run.stop is not None and restart_in_wal(wal, run.stop) is None:
             newest = run.newest[-1].created_at
             unreferenced = [(oid, start, self._unless_in_flight(topic, oid, start, run.stop, newest))
                             for oid, start in run.unreferenced()]

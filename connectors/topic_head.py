@@ -5,7 +5,8 @@ the WAL head, the sealed offset + 1 (a seal the current run restarted below does
 WAL head below the last object's end means a real broker restarted the topic at offset 0
 (§6.6): the WAL head is then the latest offset. A head found to contradict the topic's run
 audit (an older run's descriptor it has not seen, or `cur` gone back) has the topic audited
-again; a new run found that way is reported once (`TopicHead.restarted_at`). A stream works
+again, as has a WAL that restarted below the uploads since the audit (`restart_in_wal`); a
+new run found either way is reported once (`TopicHead.restarted_at`). A stream works
 out each head once per trigger (`TopicHeads.hold`). One driver thread.
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from connectors.descriptor_reads import DescriptorReader
 from connectors.snapshot import WalRun
-from connectors.topic_runs import RunAudit, current_chain
+from connectors.topic_runs import RunAudit, current_chain, restart_in_wal
 from connectors.unread_tail import UnreadTails
 from connectors.wal_scan import ClusterView, WalFinder
 from danube_core import keys
@@ -91,7 +92,13 @@ class TopicHeads:
         if audit is not None and any(d.object_id not in audit.stale_ids() for d in stale_above):
             audit = None  # an older run's descriptor the audit has not seen: audit again
         last = chain[-1] if chain else None
+        if last is not None and audit is not None and last.object_id in audit.stale_ids():
+            last = audit.current_descriptors[-1] if audit.current_descriptors else None  # an older run's
         wal = self._wal_chain(topic, last, sealed, cluster)
+        restart = restart_in_wal(wal, last.end_offset + 1 if last is not None else None)
+        if audit is not None and restart is not None and restart.identity != audit.wal_restart:
+            audit = None  # the WAL restarted below the uploads since the audit: a new run
+            self._restarted.add(str(topic))
         restarted_at = None
         if audit is None:
             audit = self._run_audit(topic, sealed, wal)

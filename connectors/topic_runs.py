@@ -16,7 +16,9 @@ into the current run and stale ones, from evidence the broker leaves behind:
   current run only if it continues the chain and is not older than `cur` (an upload whose
   `cur` update is in flight). Every other descriptor is stale.
 * A WAL head below the uploaded offsets means the run restarted and has not uploaded yet:
-  the WAL chain is the current run, and descriptors reaching into it are stale.
+  the WAL chain is the current run, and descriptors reaching into it are stale. So does a WAL
+  chain whose first run went back in its file after the uploader's last position
+  (`WalRun.restarted_after_upload`), even once the new run's head has passed the uploads.
 * Objects in storage that no descriptor references and that are not a newer upload in flight
   are orphans of an older run.
 * WAL runs that do not lead to the WAL head are an older run's frames.
@@ -107,6 +109,7 @@ class RunAudit:
     current_first: int | None = None  # first offset the current run holds, if known
     current_stop: int | None = None  # end-exclusive head of the current run, if known
     held: list[tuple[int, int]] = field(default_factory=list)  # [start, stop) the run's sources hold
+    wal_restart: tuple[str, int] | None = None  # identity of the WAL run it restarted at (`restart_in_wal`)
 
     @property
     def clean(self) -> bool:
@@ -216,6 +219,18 @@ def current_chain(
     return chain, [d for d in descriptors if id(d) not in members]
 
 
+def restart_in_wal(wal_chain: Sequence[WalRun], uploaded_stop: int | None) -> WalRun | None:
+    """The WAL run at which the topic restarted below its uploads and has not uploaded since
+    (the chain's first run), else None: the WAL head is below the uploaded offsets, or the
+    chain's first run went back after the last upload and holds offsets the uploads hold."""
+    if not wal_chain or uploaded_stop is None:
+        return None
+    first = wal_chain[0]
+    if wal_chain[-1].stop_offset < uploaded_stop:
+        return first
+    return first if first.restarted_after_upload and first.first_offset < uploaded_stop else None
+
+
 def audit_runs(
     topic: str,
     descriptors: Sequence[ObjectDescriptor],
@@ -235,9 +250,10 @@ def audit_runs(
     current, stale = current_chain(descriptors, cur_start)
     uploaded_stop = current[-1].end_offset + 1 if current else None
     wal_stop = wal_chain[-1].stop_offset if wal_chain else None
-    restarted = bool(wal_chain) and uploaded_stop is not None and wal_stop is not None and wal_stop < uploaded_stop
-    if restarted:
-        restart = wal_chain[0].first_offset
+    restart_run = restart_in_wal(wal_chain, uploaded_stop)
+    restarted = restart_run is not None
+    if restart_run is not None:
+        restart = restart_run.first_offset
         stale += [d for d in current if d.end_offset >= restart]
         current = [d for d in current if d.end_offset < restart]
     first = current[0].start_offset if current else (wal_chain[0].first_offset if wal_chain else None)
@@ -245,7 +261,8 @@ def audit_runs(
     held = [(d.start_offset, d.end_offset + 1) for d in current]
     held += [(r.first_offset, r.stop_offset) for r in wal_chain if r.stop_offset > r.first_offset]
     audit = RunAudit(topic, current, sorted(stale, key=lambda d: d.start_offset),
-                     current_first=first, current_stop=max(stops) if stops else None, held=held)
+                     current_first=first, current_stop=max(stops) if stops else None, held=held,
+                     wal_restart=restart_run.identity if restart_run is not None else None)
     referenced = {d.object_id for d in descriptors}
     for d in audit.stale_descriptors:
         audit.stale_sources.append(RunSource(OBJECT, d.object_id, objects_url + d.object_id, d.start_offset,

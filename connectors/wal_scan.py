@@ -249,13 +249,15 @@ class WalDirScanner:
             if uploader is not None and uploader.last_read_file_seq == seg.seq:
                 if uploader.last_read_byte_position:
                     hint = (uploader.last_read_byte_position, uploader.last_committed_offset + 1)
-            seg_runs = self._scan(fs, seg.path, hint)
+            uploaded_to = (uploader.last_read_byte_position
+                           if uploader is not None and uploader.last_read_file_seq == seg.seq else None)
+            seg_runs = self._scan(fs, seg.path, hint, uploaded_to)
             runs.extend(seg_runs)
             if seg is active and seg_runs:
                 head = seg_runs[-1]
         return DirScan(runs, head if head is not None else (runs[-1] if runs else None), bool(segments))
 
-    def _scan(self, fs, path: str, hint: tuple[int, int] | None) -> list[WalRun]:
+    def _scan(self, fs, path: str, hint: tuple[int, int] | None, uploaded_to: int | None) -> list[WalRun]:
         url = fs.unstrip_protocol(path)
         try:
             fs.invalidate_cache(path)
@@ -273,7 +275,11 @@ class WalDirScanner:
             return []  # deleted by retention after listing
         except OSError as exc:
             raise translate_error(exc, url, "scan WAL file") from exc
-        return [WalRun(url, run.first_offset, run.view()) for run in scan.runs]
+        # A run whose offsets went back at or past the byte the uploader had read to was
+        # written after the last upload (`WalRun.restarted_after_upload`).
+        return [WalRun(url, run.first_offset, run.view(),
+                       run.went_back and uploaded_to is not None and run.first_pos >= uploaded_to)
+                for run in scan.runs]
 
 
 def scan_file_runs(url: str, options: dict) -> list[WalRun]:
@@ -296,8 +302,9 @@ def scan_file_runs(url: str, options: dict) -> list[WalRun]:
 class _GrowingRun:
     """Header positions of consecutive offsets; append-only, so earlier views stay valid."""
 
-    def __init__(self, first_offset: int, positions: np.ndarray, end_pos: int) -> None:
+    def __init__(self, first_offset: int, positions: np.ndarray, end_pos: int, went_back: bool = False) -> None:
         self.first_offset = first_offset
+        self.went_back = went_back  # its first offset is below the frame before it in the file
         self._buf = np.empty(max(64, 2 * (len(positions) + 1)), dtype=np.uint64)
         self._n = 0
         self._put(positions, end_pos)
@@ -309,6 +316,10 @@ class _GrowingRun:
     @property
     def end_pos(self) -> int:
         return int(self._buf[self._n - 1])
+
+    @property
+    def first_pos(self) -> int:
+        return int(self._buf[0])
 
     def _put(self, positions: np.ndarray, end_pos: int) -> None:
         need = self._n + len(positions) + 1
@@ -381,7 +392,8 @@ class _FileScan:
             if last is not None and last.stop_offset == int(offsets[a]) and last.end_pos == int(positions[a]):
                 last.extend(positions[a:b], group_end)
             else:
-                self.runs.append(_GrowingRun(int(offsets[a]), positions[a:b], group_end))
+                went_back = last is not None and int(offsets[a]) < last.stop_offset
+                self.runs.append(_GrowingRun(int(offsets[a]), positions[a:b], group_end, went_back))
 
 
 def _read_ckpt(fs, dir_path: str, name: str, cls):

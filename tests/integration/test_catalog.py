@@ -367,23 +367,27 @@ def test_restart_at_0_overwriting_descriptor_0_is_reuse_and_data_loss(metadata, 
         assert stale == {(first.object_id, 0, 99, False), (second.object_id, 100, 199, True)}
 
 
-def test_restart_at_0_not_yet_uploaded_is_found_in_the_shared_wal_file(metadata, make, s3_store, unique_name):
+@pytest.mark.parametrize("new_run", [30, 250])
+def test_restart_at_0_not_yet_uploaded_is_found_in_the_shared_wal_file(metadata, make, s3_store, unique_name,
+                                                                        new_run):
     """The real broker's same-host restart: one `wal.log` holds the old run and the new one
-    back to back, and the new run has not uploaded yet, so every descriptor is the old run's."""
+    back to back, and the new run has not uploaded yet, so every descriptor is the old run's:
+    whether the new run's head is still below the uploads (30) or already past them (250)."""
     b = make(f"/default/{unique_name('t')}")
     b.append(200)
     old = dict(b.messages)
     first = b.upload()
     b.crash_restart(secrets.randbits(64))
-    b.append(30)  # offsets 0..29 again, behind 0..199 in the same wal.log
+    b.append(new_run)  # offsets from 0 again, behind 0..199 in the same wal.log
+    reused = min(new_run, 200)
     strict = catalog(metadata, s3_store)
-    assert strict.latest_offsets([b.name]) == {b.name: 30}
-    with pytest.raises(DataLossError, match=rf"\[0, 30\).*{first.object_id}.*wal\.log"):
-        plan(strict, b.name, 0, 30)
+    assert strict.latest_offsets([b.name]) == {b.name: new_run}
+    with pytest.raises(DataLossError, match=rf"\[0, {reused}\).*{first.object_id}.*wal\.log"):
+        plan(strict, b.name, 0, new_run)
     skipping = catalog(metadata, s3_store, fail=False)
-    result = plan(skipping, b.name, 0, 30, fail=False)
-    assert result.lost_offsets == {b.name: 30}
-    assert messages_of(x for t in result.tasks for x in read_task(t)) == [b.messages[o] for o in range(30)]
+    result = plan(skipping, b.name, 0, new_run, fail=False)
+    assert result.lost_offsets == {b.name: reused}
+    assert messages_of(x for t in result.tasks for x in read_task(t)) == [b.messages[o] for o in range(new_run)]
     audit = skipping.audit(b.name)
     assert {(s.kind, s.first_offset, s.last_offset) for s in audit.stale_sources} == {
         ("object", 0, 199), ("wal", 0, 199)}
@@ -395,7 +399,7 @@ def test_restart_at_0_not_yet_uploaded_is_found_in_the_shared_wal_file(metadata,
     assert [t.source for t in salvaged] == [old_run]
     assert messages_of(x for t in salvaged for x in read_task(t)) == [old[o] for o in range(200)]
     both = salvage_tasks(skipping, b.name, [old_run.split("#")[0]], fail_on_data_loss=True)
-    assert [(t.start_offset, t.end_offset) for t in both] == [(0, 200), (0, 30)]
+    assert [(t.start_offset, t.end_offset) for t in both] == [(0, 200), (0, new_run)]
 
 
 @pytest.mark.parametrize("fail", [True, False])
