@@ -419,14 +419,16 @@ def cache_caught_up(reader: DanubeStreamReader, metadata: EtcdMetadataStore) -> 
     state.scope.cache.wait_for_revision(metadata.current_revision(), 30)
 
 
-@pytest.mark.parametrize("new_run_uploaded", [True, False])
+# The new run: how far it got (offsets 0..new_run-1) and whether it uploaded them yet.
+@pytest.mark.parametrize(("new_run", "new_run_uploaded"), [(70, True), (70, False), (30, False)])
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
-def test_a_run_restarted_below_a_streams_position_is_named_once(env, fail_on_data_loss, new_run_uploaded):
+def test_a_run_restarted_below_a_streams_position_is_named_once(env, fail_on_data_loss, new_run, new_run_uploaded):
     """A broker that restarts the topic at offset 0 while a stream is at 50 (the real broker's
     fault, spec §6.6): the new run's offsets below 50 are never read. The snapshot of the
     trigger that finds the new run says where it began; the stream names the loss once. Found
-    from the new run's upload, or from the WAL file it appends to before it uploads, its head
-    already past the stream's position (only the old run's descriptor in etcd)."""
+    from the new run's upload, or from the WAL file it appends to before it uploads (only the
+    old run's descriptor in etcd), its head already past the stream's position or still below
+    it (then the stream waits at 50, never going back, and reads on once the run passes it)."""
     builder, topic = env["builder"], env["topic"]
     builder.append(50)
     builder.upload()
@@ -438,7 +440,7 @@ def test_a_run_restarted_below_a_streams_position_is_named_once(env, fail_on_dat
         assert offsets_read(reader.partitions(start, end)) == list(range(50))
         reader.commit(end)
         builder.crash_restart(builder.broker_id + 1)
-        builder.append(70)  # offsets 0..69 of the new run
+        builder.append(new_run)
         if new_run_uploaded:
             builder.upload()
         cache_caught_up(reader, env["metadata"])
@@ -448,9 +450,15 @@ def test_a_run_restarted_below_a_streams_position_is_named_once(env, fail_on_dat
                 reader.latestOffset(end, ReadAllAvailable())
             return
         after = reader.latestOffset(end, ReadAllAvailable())
-        assert after["offsets"] == {topic: 70}
         assert reader.reportLatestOffset()["skippedOffsets"] == {topic: 50}
-        assert offsets_read(reader.partitions(end, after)) == list(range(50, 70))
+        stop = new_run
+        if new_run < 50:
+            assert after == end  # nothing at or past the position yet, and never back below it
+            stop = 75
+            builder.append(stop - new_run)  # the run passes the position
+            after = reader.latestOffset(end, ReadAllAvailable())
+        assert after["offsets"] == {topic: stop}
+        assert offsets_read(reader.partitions(end, after)) == list(range(50, stop))
         reader.commit(after)
         builder.append(5)
         builder.upload()
