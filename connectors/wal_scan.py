@@ -245,12 +245,12 @@ class WalDirScanner:
             nxt = segments[i + 1].first_offset if i + 1 < len(segments) else None
             if seg is not active and nxt is not None and nxt <= needed_from:
                 continue  # entirely uploaded
-            hint = None
+            hint: tuple[int, int] | None = None
+            uploaded_to: int | None = None
             if uploader is not None and uploader.last_read_file_seq == seg.seq:
-                if uploader.last_read_byte_position:
-                    hint = (uploader.last_read_byte_position, uploader.last_committed_offset + 1)
-            uploaded_to = (uploader.last_read_byte_position
-                           if uploader is not None and uploader.last_read_file_seq == seg.seq else None)
+                uploaded_to = uploader.last_read_byte_position
+                if uploaded_to:
+                    hint = (uploaded_to, uploader.last_committed_offset + 1)
             seg_runs = self._scan(fs, seg.path, hint, uploaded_to)
             runs.extend(seg_runs)
             if seg is active and seg_runs:
