@@ -81,6 +81,7 @@ sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 import bench_connector as data  # noqa: E402  (the danube topic's frames, objects and etcd keys)
 import jfr_profile  # noqa: E402
 import pyspy_profile  # noqa: E402
+import spark_python_exec  # noqa: E402
 import stream_overhead  # noqa: E402
 from common import (  # noqa: E402
     Column, local_delta_builder, machine_info, print_table, run_in_workdir, timed, tree_cpu_s, write_results,
@@ -423,7 +424,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
             del frames
             options = {"etcd.endpoints": etcd.endpoint, "storage.url": store.url, "walRoot": "none"}
             compiled = compile_project()
-            python_exec = stream_overhead.python_exec_without_zips(work) if args.python_without_zips else None
+            python_exec = spark_python_exec.python_exec_without_zips(work) if args.python_without_zips else None
             spark = start_spark(work / "warehouse", python_exec)
             try:
                 parquet = work / "parquet"

@@ -12,20 +12,12 @@ so it moves with the number of rows; this module provides what separates them:
   `pyspark.daemon` tree where `read()` and batch planning run, the JVM's other children such
   as a stream's source process), from /proc;
 * `linear_fit`: CPU = fixed + per_row x rows from runs at two sizes (best run of each);
-* `python_exec_without_zips`: a diagnostic `PYSPARK_PYTHON` wrapper that drops `pyspark.zip`
-  and py4j's zip from the `PYTHONPATH` Spark gives its Python processes, so they
-  import the byte-compiled pip-installed pyspark of the same Spark instead. Spark's zip holds
-  no bytecode, so every fresh process compiles pyspark's modules from source (~0.45-0.6 s more
-  CPU than the installed package on the machine this was written on). Not a default: a user's
-  Spark gives its processes the zip, so the main figures keep it;
 * `source_process_breakdown`: the stream's source process's CPU by activity, from py-spy.
 """
 
 from __future__ import annotations
 
 import os
-import stat
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,33 +104,6 @@ class LinearFit:
 def linear_fit(small_rows: int, small_cpu_s: float, rows: int, cpu_s: float) -> LinearFit:
     per_row = (cpu_s - small_cpu_s) / (rows - small_rows)
     return LinearFit(cpu_s - per_row * rows, per_row)
-
-
-def python_exec_without_zips(work: Path) -> Path:
-    """A `PYSPARK_PYTHON` that runs this interpreter with `pyspark.zip` and py4j's zip
-    taken out of PYTHONPATH, so Spark's Python processes import the installed pyspark.
-
-    Only sound when the installed pyspark is the Spark that runs (pip's pyspark, whose
-    SPARK_HOME is its own package directory): checked here, or ValueError."""
-    import pyspark
-    from pyspark.find_spark_home import _find_spark_home
-
-    installed = Path(pyspark.__file__).resolve().parent
-    spark_home = Path(_find_spark_home()).resolve()
-    if installed != spark_home:
-        raise ValueError(f"the importable pyspark ({installed}) is not the running Spark's ({spark_home}): "
-                         "its Python processes must use that Spark's pyspark.zip")
-    script = work / "python-without-zips"
-    script.write_text(
-        "#!/bin/sh\n"
-        "# Spark's Python processes, importing the installed (byte-compiled) pyspark instead of\n"
-        "# $SPARK_HOME/python/lib/pyspark.zip and py4j-*-src.zip.\n"
-        'PYTHONPATH=$(printf %s "$PYTHONPATH" | tr : "\\n" | grep -v -e "/pyspark\\.zip$" '
-        '-e "/py4j-[^/]*-src\\.zip$" | paste -sd: -)\n'
-        "export PYTHONPATH\n"
-        f'exec "{sys.executable}" "$@"\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return script
 
 
 def source_process_breakdown(stacks: Mapping[str, int], rate_hz: int) -> dict:

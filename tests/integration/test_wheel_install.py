@@ -72,9 +72,11 @@ def _run(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600) -> 
 
 
 def _clean_env(venv: Path | None = None) -> dict[str, str]:
-    """No PYTHONPATH: the venv must not see this checkout. With `venv`: activated, as a user
-    has it (Spark starts its Python workers with the `python3` on PATH)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "SPARK_HOME")}
+    """No PYTHONPATH: the venv must not see this checkout; no PYSPARK_PYTHON (the suite's
+    names this interpreter). With `venv`: activated, as a user has it (Spark starts its Python
+    workers with the `python3` on PATH)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "SPARK_HOME", "PYSPARK_PYTHON")}
     if venv is not None:
         env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv))
     return env
