@@ -25,7 +25,9 @@ def register(spark: Any, *, etcd_options: Mapping[str, str] | None = None) -> An
     Returns the listener.
     """
     from connectors.cursor_commit import DanubeCursorCommitter
+    from connectors.jvm_view import bind_root_packages
 
+    bind_root_packages(spark)  # the listener's progress events, and every Java exception, cost less
     spark.dataSource.register(DanubeDataSource)
     committer = _COMMITTERS.get(id(spark))
     if committer is None:
