@@ -25,20 +25,24 @@ def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         producer = rig.produce(sizes.before + sizes.after)
         config = rig.pipeline_file("worker", sizes)
         started = time.monotonic()
-        for attempt in range(4):  # a run that fails before any task (e.g. at start, under load) is rerun
+        for attempt in range(4):  # a run that ends before a worker is killed is rerun, with more to read
             pipe = Pipeline(config, config.parent / f"run-{attempt}.log").start()
             try:
-                victim = poll(lambda p=pipe: _python_worker(p.process.pid) or p.process.poll() is not None,
-                              PIPELINE_TIMEOUT_S, "a Python task worker", 0.02)
-                if victim is not True:
-                    os.kill(victim, signal.SIGKILL)
-                    break
+                daemon = poll(lambda p=pipe: _task_worker_daemon(p.process.pid) or p.process.poll() is not None,
+                              PIPELINE_TIMEOUT_S, "the Python task workers' daemon", 0.2)
+                victim = daemon if daemon is True else poll(
+                    lambda p=pipe, d=daemon: _kill_newest_child(d) or p.process.poll() is not None,
+                    PIPELINE_TIMEOUT_S, "a Python task worker", 0.01)
             except BaseException:
                 pipe.kill9()
                 raise
-            rig.failures.append(f"run {attempt} ended before a task ran: " + _failure_line(pipe))
+            if victim is not True:
+                break
+            pipe.wait(PIPELINE_TIMEOUT_S)
+            rig.failures.append(f"run {attempt} ended before a task worker was killed: " + _failure_line(pipe))
+            producer = rig.produce_more(producer, sizes.after)
         else:
-            raise RuntimeError(f"no run of {config} got to a task: {rig.failures}")
+            raise RuntimeError(f"no run of {config} had a task worker to kill: {rig.failures}")
         code = pipe.wait(PIPELINE_TIMEOUT_S)
         log = pipe.log_path.read_text(errors="replace")
         task_failed = "exited unexpectedly" in log or "Lost task" in log
@@ -57,10 +61,10 @@ def _failure_line(pipe: Pipeline) -> str:
                 f"{pipe.process.returncode}")
 
 
-def _python_worker(root: int) -> int | None:
-    """A forked PySpark task worker (child of `python -m pyspark.daemon pyspark.worker`)
-    under process `root`. The daemons run in process groups of their own, so the tree is
-    walked by parent pid."""
+def _task_worker_daemon(root: int) -> int | None:
+    """The `python -m pyspark.daemon pyspark.worker` under process `root`, which forks the
+    task workers. The daemons run in process groups of their own, so the tree is walked by
+    parent pid (a scan of /proc, a few times a second until the daemon starts)."""
     parents, cmdlines = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -74,9 +78,24 @@ def _python_worker(root: int) -> int | None:
     while frontier:
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - tree
         tree |= frontier
-    daemons = {pid for pid in tree if b"pyspark.daemon pyspark.worker" in cmdlines.get(pid, b"")}
-    workers = [pid for pid in tree if parents.get(pid) in daemons]
-    return max(workers) if workers else None
+    return next((pid for pid in tree if b"pyspark.daemon pyspark.worker" in cmdlines.get(pid, b"")), None)
+
+
+def _kill_newest_child(daemon: int) -> int | None:
+    """SIGKILL the newest task worker `daemon` forked; None if it has none, or the one found
+    ended before the signal (a worker can finish between the look and the kill)."""
+    try:
+        children = open(f"/proc/{daemon}/task/{daemon}/children").read().split()
+    except OSError:
+        return None
+    if not children:
+        return None
+    victim = max(int(pid) for pid in children)
+    try:
+        os.kill(victim, signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    return victim
 
 
 def etcd_kill_restart(workdir: Path, _etcd: Etcd, sizes: Sizes) -> dict:
