@@ -6,8 +6,10 @@ change). Per tenant, three steps, each moving as little as possible:
    replicas on workers in their grace period (`keep`) stay;
 2. epochs below their replication get replicas from the strategy, among eligible workers;
 3. balance: while a worker holds more than ceil(mean) replicas and another fewer than
-   floor(mean), one replica moves from the first to the second. A worker joining N-1 others
-   therefore takes about 1/N of the replicas and nothing else moves.
+   floor(mean), one replica moves from the first to the second, one placed in step 2 when
+   there is one. A worker joining N-1 others therefore takes about 1/N of the replicas and
+   nothing else moves; when one is lost its replicas move, and another only when none of
+   those can go to the emptiest worker (it holds their other replica).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def _balance(epochs: list[EpochPlacement], placed: dict[str, tuple[str, ...]], p
         return
     sizes = {e.plan.key: e.plan.estimated_bytes for e in epochs}
     excluded = {e.plan.key: e.excluded for e in epochs}
+    before = {e.plan.key: e.workers for e in epochs}
     while True:
         load = {w: 0 for w in targets}
         for workers in placed.values():
@@ -113,12 +116,17 @@ def _balance(epochs: list[EpochPlacement], placed: dict[str, tuple[str, ...]], p
                     load[w] += 1
         if balanced(load):
             return
-        donor, taker = _donor_and_taker(load)
-        movable = sorted(k for k, ws in placed.items() if donor in ws and taker not in ws
+        fullest, taker = _donor_and_taker(load)
+        # Any of the fullest workers may give, and a replica placed in this same pass goes
+        # first: it is loaded nowhere yet, so moving it costs no reload, and the replicas that
+        # were already placed stay where they are (a lost worker's replicas move, nothing else).
+        donors = [fullest] + sorted(w for w in targets if load[w] == load[fullest] and w != fullest)
+        movable = sorted((donor in before[k], rank, k, donor) for rank, donor in enumerate(donors)
+                         for k, ws in placed.items() if donor in ws and taker not in ws
                          and taker not in excluded[k] and pool[taker].fits(sizes[k]))
         if not movable:
             return
-        key = movable[0]
+        _, _, key, donor = movable[0]
         placed[key] = tuple(taker if w == donor else w for w in placed[key])
         _charge(pool, donor, sizes[key], -1)
         _charge(pool, taker, sizes[key])
