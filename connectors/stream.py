@@ -99,6 +99,7 @@ class _DriverState:
         self.last_batch_ms = time.monotonic() * 1000
         self.reported: dict | None = None
         self.lag_recorded_at = float("-inf")
+        self.recorded_lag: dict[str, int] = {}  # topic -> the messages behind last written to etcd
         self.skipped: dict[str, int] = {}  # offsets skipped so far (failOnDataLoss=false)
         self.publish_times: dict[tuple[str, int], int] = {}  # (topic, offset) -> ms, for lag
         self.running_end: dict[str, int] | None = None  # end of the batch Spark planned last
@@ -350,10 +351,15 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         behind = {t: v for t, v in lag.items() if v["messages"]}
         logger.info("subscription %s lag: %s", self.options.subscription, behind or "none")
         now = time.monotonic()
-        if now - state.lag_recorded_at >= LAG_RECORD_INTERVAL_S:  # etcd writes, so not every batch
-            for topic, value in lag.items():
-                if topic not in state.missing.now:  # no record under a topic that does not exist
-                    state.writer.record_lag(topic, value)
+        due = now - state.lag_recorded_at >= LAG_RECORD_INTERVAL_S  # etcd writes, so not every batch
+        for topic, value in lag.items():
+            # Caught up is written at once: a query that ends (AvailableNow) or idles within the
+            # interval would otherwise leave the backlog it started with as its recorded lag.
+            caught_up = value["messages"] == 0 and state.recorded_lag.get(topic, 1) != 0
+            if (due or caught_up) and topic not in state.missing.now:  # no record under a topic that does not exist
+                state.writer.record_lag(topic, value)
+                state.recorded_lag[topic] = value["messages"]
+        if due:
             state.lag_recorded_at = now
 
     def reportLatestOffset(self) -> dict | None:

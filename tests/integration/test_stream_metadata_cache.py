@@ -7,6 +7,7 @@ etcd is counted.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -135,6 +136,34 @@ def test_a_trigger_sends_etcd_only_its_cursor_commit(env, etcd_connections, monk
         reader.commit(end2)
         delta = {m: n - before.get(m, 0) for m, n in etcd_connections[0].calls.items() if n != before.get(m, 0)}
         assert delta == {"guarded_put": 1}, delta
+    finally:
+        reader.stop()
+
+
+def test_catching_up_is_recorded_at_once_and_a_new_backlog_waits_for_the_interval(env):
+    """The subscription record's lag (what the console and the broker's metrics show): a query
+    that catches up within `LAG_RECORD_INTERVAL_S` of its first trigger records 0 then, not
+    the backlog it started with (an AvailableNow run ended showing 60 behind at its cursor)."""
+    builder, metadata, topic = env["builder"], env["metadata"], env["topic"]
+    options = parse_options({**env["options"], "startingOffsets": "earliest"})
+    key = subscription_key(topic, options.subscription)
+
+    def recorded() -> int:
+        return json.loads(metadata.get(key))["lag"]["messages"]
+
+    builder.append(10)
+    reader = DanubeStreamReader(options)
+    start = reader.initialOffset()
+    try:
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert recorded() == 10
+        reader.partitions(start, end)
+        reader.commit(end)
+        assert reader.latestOffset(end, ReadAllAvailable()) == end
+        assert recorded() == 0
+        builder.append(5)
+        reader.latestOffset(end, ReadAllAvailable())
+        assert recorded() == 0  # within the interval: one etcd write per interval at most
     finally:
         reader.stop()
 
