@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from speedlayer.errors import InvalidRequestError
-from speedlayer.master.placement import EpochPlacement, next_placement
+from speedlayer.master.placement import EpochPlacement, _balance, next_placement
 from speedlayer.master.strategies import Candidate, PlanSummary, strategy_named
 
 pytestmark = pytest.mark.unit
@@ -131,6 +131,17 @@ def test_a_lost_workers_replicas_move_and_nothing_else(seed):
     assert {key for key in changes} == {e.plan.key for e in before if "w0" in e.workers}
     loads = [sum(w in changes.get(e.plan.key, e.workers) for e in before) for w in workers[1:]]
     assert max(loads) - min(loads) <= 1
+
+
+def test_balancing_moves_fresh_replicas_through_a_third_worker_before_an_old_one():
+    """The emptiest worker c holds the other replica of the only fresh replica on the fullest
+    (x): x goes to b and b's fresh replica (y) to c; the old replica z stays where it is."""
+    epochs = [EpochPlacement(PlanSummary("t", key, "e"), 2, workers) for key, workers in
+              (("x", ("c", "gone")), ("y", ("a", "gone")), ("z", ("a", "b")))]
+    placed = {"t/x/e": ("c", "a"), "t/y/e": ("a", "b"), "t/z/e": ("a", "b")}
+    assert set(placed) == {e.plan.key for e in epochs}
+    _balance(epochs, placed, {w: Candidate(w, "t") for w in "abc"})
+    assert placed == {"t/x/e": ("c", "b"), "t/y/e": ("a", "c"), "t/z/e": ("a", "b")}
 
 
 def test_epochs_never_cross_tenants():
