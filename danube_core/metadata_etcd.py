@@ -192,9 +192,16 @@ class EtcdMetadataStore(MetadataStore):
         # failover between endpoints is done by this class, one pyetcd client per endpoint.
         endpoint = pyetcd.Endpoint(host, port, secure=self._credentials is not None,
                                    creds=self._credentials, time_retry=0.0, opts=_CHANNEL_OPTIONS)
-        return pyetcd.MultiEndpointEtcd3Client(
+        client = pyetcd.MultiEndpointEtcd3Client(
             endpoints=[endpoint], timeout=self._timeout_s, user=self._user, password=self._password
         )
+        # With auth, pyetcd sends the token twice on every call: as call metadata and through a
+        # Python credentials plugin. The metadata is enough for etcd, and the plugin can freeze
+        # the process: gRPC releases a plugin on one of its own threads, which takes the GIL,
+        # while `close()` holds the GIL waiting for those threads (grpc/grpc#42247); seen as a
+        # test worker hung in `Channel.close` with a gRPC thread waiting for the GIL.
+        client.call_credentials = None
+        return client
 
     def _client(self, index: int) -> Any:
         with self._lock:
@@ -216,7 +223,7 @@ class EtcdMetadataStore(MetadataStore):
                 client = self._client(index)
                 client.maintenancestub.Status(
                     etcdrpc.StatusRequest(), self._timeout_s,
-                    credentials=client.call_credentials, metadata=client.metadata,
+                    metadata=client.metadata,
                 )
             except CLIENT_ERRORS as exc:
                 self._drop_client(index)
@@ -401,7 +408,7 @@ class EtcdMetadataStore(MetadataStore):
 
         def refresh(client: Any) -> list[Any]:
             return list(client.leasestub.LeaseKeepAlive(iter(requests), client.timeout,
-                                                        credentials=client.call_credentials, metadata=client.metadata))
+                                                        metadata=client.metadata))
 
         replies = self._read("lease refresh", f"{len(leases)} leases", refresh)
         expired = {reply.ID for reply in replies if reply.TTL <= 0}

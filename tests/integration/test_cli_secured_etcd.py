@@ -18,6 +18,7 @@ import pytest
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from tests.integration.broker_process import REPO_ROOT
+from tests.rig import eventually
 from tests.tls import secured_etcd
 from tests.topic_builder import TopicBuilder
 
@@ -97,6 +98,27 @@ def test_connectors_lists_the_topics_runs(secured):
     rows = json_lines(run_cli("connectors", *commands(tls, cloud)["connectors"]))
     assert {row["run"] for row in rows} == {"current"}
     assert min(row["first_offset"] for row in rows) == 0 and max(row["last_offset"] for row in rows) == 6
+
+
+def test_the_token_goes_as_call_metadata_and_reads_writes_leases_and_watches_pass(secured):
+    """Authenticated calls carry etcd's token as call metadata alone: no Python credentials
+    plugin, whose release on a gRPC thread can deadlock `close()` against the GIL (a test
+    worker once hung there, closing this module's store)."""
+    endpoint, tls, _ = secured
+    flag = dict(zip(tls[::2], tls[1::2]))
+    key = f"{ROOT_PREFIX}/token-check"
+    with EtcdMetadataStore(endpoint, user="root", password=PASSWORD, ca_cert=flag["--etcd-ca-cert"],
+                           cert_key=flag["--etcd-cert-key"], cert_cert=flag["--etcd-cert-cert"]) as store:
+        assert store._client(0).call_credentials is None
+        seen: list[bytes | None] = []
+        watch = store.watch_prefix(key, lambda event: seen.append(event.value))
+        lease = store.grant_lease(10)
+        store.put(key, b"v", lease=lease)
+        assert store.get(key) == b"v" and store.refresh_leases([lease]) == []
+        eventually(lambda: seen[:1] == [b"v"], deadline_s=30)
+        watch.cancel()
+        store.revoke_lease(lease.id)
+        assert store.get(key) is None
 
 
 def error_of(done: subprocess.CompletedProcess) -> str:
