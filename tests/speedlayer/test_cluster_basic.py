@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import grpc
 import pytest
 
@@ -85,18 +87,20 @@ def test_quotas_tenant_isolation_and_unfaithful_tables(cluster_factory, delta_ta
     used = client.quota("acme").memory_used_bytes
     assert used > 0
     client.quota("acme", memory_quota_bytes=used + 10)
-    eventually(lambda: _refused(client, delta_request("acme", "day1", path, partitions=[{"day": "2024-01-02"}]))
-               == grpc.StatusCode.FAILED_PRECONDITION, deadline_s=10)
-    assert cluster.metadata.get_prefix(cluster.keys.dataset_assignments_prefix("acme", "day1")) == []
+    fresh = (f"day{n}" for n in itertools.count())  # a retry admits a new dataset (see _refused_as)
+    day = [{"day": "2024-01-02"}]
+    refused = eventually(lambda: _refused_as(client, "acme", next(fresh), path, grpc.StatusCode.FAILED_PRECONDITION,
+                                             partitions=day), deadline_s=10)
+    assert cluster.metadata.get_prefix(cluster.keys.dataset_assignments_prefix("acme", refused)) == []
     client.quota("acme", memory_quota_bytes=0)
     cluster.set_global(GlobalConfig(reassign_delay_s=1.0, memory_quota_bytes=used + 10))
-    eventually(lambda: _refused(client, delta_request("other", "day1", path, partitions=[{"day": "2024-01-02"}]))
-               == grpc.StatusCode.FAILED_PRECONDITION, deadline_s=10)
+    eventually(lambda: _refused_as(client, "other", next(fresh), path, grpc.StatusCode.FAILED_PRECONDITION,
+                                   partitions=day), deadline_s=10)
     cluster.set_global(GlobalConfig(reassign_delay_s=1.0))
 
     # Cross-tenant source: outside the tenant's roots.
     cluster.set_tenant("other", TenantConfig(source_roots=(str(tmp_path / "other-tables"),)))
-    eventually(lambda: _refused(client, delta_request("other", "orders", path)) == grpc.StatusCode.PERMISSION_DENIED,
+    eventually(lambda: _refused_as(client, "other", next(fresh), path, grpc.StatusCode.PERMISSION_DENIED),
                deadline_s=10)
     # Cross-tenant status: acme's epoch is not found under tenant other.
     assert _refused(client, None, status=("other", "orders", waiting.epoch_id)) == grpc.StatusCode.NOT_FOUND
@@ -105,6 +109,13 @@ def test_quotas_tenant_isolation_and_unfaithful_tables(cluster_factory, delta_ta
     dv = delta_table(rows=10, name="with_dv")
     DeltaTable(dv).alter.add_feature(TableFeatures.DeletionVectors, allow_protocol_versions_increase=True)
     assert _refused(client, delta_request("acme", "dv", dv)) == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _refused_as(client, tenant: str, dataset: str, path: str, code: grpc.StatusCode, **request) -> str | None:
+    """`dataset` when its admission is refused with `code`. A quota or root reaches the master
+    through its etcd watch, a moment after it is set, and an admission that came first stays
+    admitted (asked again, it answers as before): a retry must ask for another dataset."""
+    return dataset if _refused(client, delta_request(tenant, dataset, path, **request)) == code else None
 
 
 def _refused(client, request, status=None):
