@@ -355,7 +355,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for topic, value in lag.items():
             # Caught up is written at once: a query that ends (AvailableNow) or idles within the
             # interval would otherwise leave the backlog it started with as its recorded lag.
-            caught_up = value["messages"] == 0 and state.recorded_lag.get(topic, 1) != 0
+            caught_up = value["messages"] == 0 and state.recorded_lag.get(topic) != 0
             if (due or caught_up) and topic not in state.missing.now:  # no record under a topic that does not exist
                 state.writer.record_lag(topic, value)
                 state.recorded_lag[topic] = value["messages"]

@@ -109,6 +109,10 @@ def _balance(epochs: list[EpochPlacement], placed: dict[str, tuple[str, ...]], p
     sizes = {e.plan.key: e.plan.estimated_bytes for e in epochs}
     excluded = {e.plan.key: e.excluded for e in epochs}
     before = {e.plan.key: e.workers for e in epochs}
+
+    def can_take(key: str, worker: str) -> bool:
+        return worker not in placed[key] and worker not in excluded[key] and pool[worker].fits(sizes[key])
+
     while True:
         load = {w: 0 for w in targets}
         for workers in placed.values():
@@ -117,8 +121,7 @@ def _balance(epochs: list[EpochPlacement], placed: dict[str, tuple[str, ...]], p
                     load[w] += 1
         if balanced(load):
             return
-        moves = _next_moves(placed, before, load, targets, lambda key, worker: (
-            worker not in placed[key] and worker not in excluded[key] and pool[worker].fits(sizes[key])))
+        moves = _next_moves(placed, before, load, targets, can_take)
         if not moves:
             return
         for key, donor, taker in moves:
