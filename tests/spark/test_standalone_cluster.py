@@ -123,9 +123,13 @@ def test_pipeline_runs_on_a_standalone_cluster(etcd_endpoint, moto_s3, s3_bucket
             executors = cluster.executor_dirs()
         assert done.returncode == 0, (f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}\n"
                                       f"cluster:\n{logs[-8000:]}")
-        assert len(executors) >= 1 and "executor_guard" not in logs
-        assert all(list(d.glob("danube_spark/danube_core/_fastdecode*.so")) for d in executors), executors
-        guarded = [(d / "executor_guard.log").read_text() for d in executors if (d / "executor_guard.log").exists()]
+        assert "executor_guard" not in logs
+        # The master replaces any executor that exits while the application is registered, also one
+        # that exits as the driver stops it; such a replacement starts and is killed without a task.
+        working = [d for d in executors if "Got assigned task" in (d / "stderr").read_text(errors="replace")]
+        assert working, f"no executor ran a task: {executors}"
+        assert all(list(d.glob("danube_spark/danube_core/_fastdecode*.so")) for d in working), working
+        guarded = [(d / "executor_guard.log").read_text() for d in working if (d / "executor_guard.log").exists()]
         assert guarded, "no executor imported the project's code under the guard"
         assert all("connectors " in text and "/danube_spark/connectors/" in text for text in guarded), guarded
 
