@@ -25,13 +25,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from danube_core.errors import DanubeError
+from danube_core.errors import DanubeError, InvalidTopicNameError
 from danube_core.message_page import read_message_page
-from danube_core.topics import TopicName
 
 from console import actions, pages
 from console.metrics_scrape import scrape
 from console.services import ConsoleServices
+from console.topics import RECORD_INTERVAL_S, TopicRow
 
 HERE = Path(__file__).resolve().parent
 PAGE_NAMES = ("topics", "brokers", "pipelines", "speedlayer")
@@ -69,36 +69,52 @@ def build_app(services: ConsoleServices) -> Starlette:
         listed = {ns: services.topics.topics(cache, ns, owners) for ns in namespaces} if cache is not None else {}
         return render(request, "topics.html", page="topics", namespaces=listed)
 
-    @timed
-    def topic_page(request: Request) -> Response:
+    def find_topic(request: Request, template: str) -> tuple[str, TopicRow | None, Response | None]:
+        """The topic the path names, or the page that says why there is none: 503 without the
+        cache, 400 for a name no topic can have, 404 for a topic etcd does not hold."""
         name = f"/{request.path_params['namespace']}/{request.path_params['topic']}"
         cache = services.etcd.cache
         if cache is None:
-            return render(request, "topic.html", 503, page="topics", name=name, topic=None)
-        topic = services.topics.topic(cache, name)
+            return name, None, render(request, template, 503, page="topics", name=name, topic=None, page_read=None)
+        try:
+            topic = services.topics.topic(cache, name)
+        except InvalidTopicNameError as exc:
+            return name, None, render(request, template, 400, page="topics", name=name, topic=None,
+                                      page_read=None, problems=[str(exc)])
         if topic is None:
-            return render(request, "topic.html", 404, page="topics", name=name, topic=None,
-                          problems=[f"topic {name} does not exist (deleted, or not created yet)"])
-        tails = pages.wal_tails(services, cache, topic)
+            return name, None, render(request, template, 404, page="topics", name=name, topic=None, page_read=None,
+                                      problems=[f"topic {name} does not exist (deleted, or not created yet)"])
+        return name, topic, None
+
+    @timed
+    def topic_page(request: Request) -> Response:
+        name, topic, refused = find_topic(request, "topic.html")
+        if topic is None:
+            assert refused is not None
+            return refused
+        now = time.time()
         charts = {f"{s.topic}|{s.name}": services.lag_history.series(s.topic, s.name) for s in topic.subscriptions}
-        newest = {p.topic: pages.newest_offset(p, tails[p.topic]) for p in topic.partitions}
-        return render(request, "topic.html", page="topics", name=name, topic=topic, tails=tails, newest=newest,
-                      charts_json=json.dumps(charts), problems=[t.problem for t in tails.values() if t.problem])
+        growing = {f"{s.topic}|{s.name}" for s in topic.subscriptions if services.lag_history.growing(s.topic, s.name)}
+        return render(request, "topic.html", page="topics", name=name, topic=topic, now=now, growing=growing,
+                      record_interval_s=RECORD_INTERVAL_S,
+                      charts_json=json.dumps(charts), problems=[p.wal.problem for p in topic.partitions if p.wal.problem])
 
     @timed
     def messages_page(request: Request) -> Response:
-        name = f"/{request.path_params['namespace']}/{request.path_params['topic']}"
+        name, topic, refused = find_topic(request, "messages.html")
+        if topic is None:
+            assert refused is not None
+            return refused
+        try:
+            partition = pages.chosen_partition(topic, request.query_params.get("partition"))
+            offset = pages.page_start(request.query_params.get("offset"), partition, config.page_messages)
+        except pages.BadPageRequest as exc:
+            return render(request, "messages.html", 400, page="topics", name=name, topic=topic, page_read=None,
+                          problems=[str(exc)])
         cache = services.etcd.cache
-        topic = services.topics.topic(cache, name) if cache is not None else None
-        if cache is None or topic is None:
-            return render(request, "messages.html", 404 if cache is not None else 503, page="topics", name=name,
-                          page_read=None, problems=[] if cache is None else [f"topic {name} does not exist"])
-        partition = pages.chosen_partition(topic, request.query_params.get("partition"))
-        wal_url = pages.owner_wal_url(services, cache, partition)
-        offset = pages.page_start(request.query_params.get("offset"), partition, config.page_messages)
-        wal_dir = pages.topic_wal_dir(wal_url, TopicName.parse(partition.topic))
+        assert cache is not None  # find_topic read the topic from it
         read = read_message_page(cache, services.store, services.storage_keys, partition.topic, offset,
-                                 config.page_messages, wal_dir)
+                                 config.page_messages, partition.wal.directory)
         rows = pages.decoded_rows(cache, partition.topic, read.messages)
         return render(request, "messages.html", page="topics", name=name, topic=topic, partition=partition,
                       page_read=read, rows=rows, size=config.page_messages,

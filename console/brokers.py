@@ -56,6 +56,23 @@ class BrokersReader:
         return [BrokerRow(b, registrations.get(b), self._mode(cache, b), b == leader, self._load(cache, b),
                           sorted(owned.get(b, ()))) for b in sorted(set(registrations) | set(owned))]
 
+    def wal_url(self, cache: KeyReader, broker: int | None) -> str | None:
+        """Where `broker` serves its WAL: its registration's `wal_url`, else its state key's
+        (an owner that died leaves its WAL readable there until its topics move)."""
+        if broker is None:
+            return None
+        try:
+            key = keys.register_key(broker)
+            raw = cache.get(key)
+            registration = self._parsed.get(key, raw, BrokerRegistration.from_json) if raw is not None else None
+            if registration is not None and registration.wal_url:
+                return registration.wal_url
+            key = keys.broker_state_key(broker)
+            raw = cache.get(key)
+            return self._parsed.get(key, raw, BrokerState.from_json).wal_url if raw is not None else None
+        except DanubeError:
+            return None
+
     def _mode(self, cache: KeyReader, broker: int) -> str:
         key = keys.broker_state_key(broker)
         raw = cache.get(key)

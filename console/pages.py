@@ -1,5 +1,6 @@
 """What the page handlers put together from several sources (kept out of `console.app` so that
-the routes read as a list): WAL tails by partition, the browser's page position, a pipeline's
+the routes read as a list): the browser's partition and page position (a parameter it cannot
+show is a `BadPageRequest`), a pipeline's
 summary and detail, the gateway's query figures, and the templates' number filters.
 """
 
@@ -9,11 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from danube_core import keys
 from danube_core.errors import DanubeError
 from danube_core.message import StreamMessage
-from danube_core.records import BrokerState
-from danube_core.topics import TopicName
 from speedlayer.records import Announcement, AssignmentRecord
 
 from console.message_view import MessageRow, PayloadDecoder
@@ -21,51 +19,36 @@ from console.metrics_scrape import Scrape, histogram_quantile
 from console.pipelines_view import PipelineFile, TableLog, read_batches, reasons_total, source_topics
 from console.services import ConsoleServices
 from console.topics import KeyReader, PartitionRow, SubscriptionRow, TopicRow
-from console.wal_tail import WalTail, read_wal_tail, topic_wal_dir
-
-__all__ = ["topic_wal_dir"]
 
 
 # ---- topics ---------------------------------------------------------------------------------
 
-def owner_wal_url(services: ConsoleServices, cache: KeyReader, partition: PartitionRow) -> str | None:
-    """The owner's advertised WAL root: its registration's, else its state key's (a dead owner)."""
-    if partition.owner is None:
-        return None
-    for row in services.brokers.brokers(cache):
-        if row.broker_id == partition.owner and row.registration is not None and row.registration.wal_url:
-            return row.registration.wal_url
-    raw = cache.get(keys.broker_state_key(partition.owner))
-    try:
-        return BrokerState.from_json(raw, keys.broker_state_key(partition.owner)).wal_url if raw else None
-    except DanubeError:
-        return None
-
-
-def wal_tails(services: ConsoleServices, cache: KeyReader, topic: TopicRow) -> dict[str, WalTail]:
-    return {p.topic: read_wal_tail(owner_wal_url(services, cache, p), TopicName.parse(p.topic))
-            for p in topic.partitions}
-
-
-def newest_offset(partition: PartitionRow, tail: WalTail | None) -> int | None:
-    """The newest offset written: the WAL's when it has one, else what etcd shows."""
-    seen = [o for o in (partition.newest_known, tail.last_offset if tail is not None else None) if o is not None]
-    return max(seen) if seen else None
+class BadPageRequest(ValueError):
+    """A page's path or query parameter the console cannot show; its text names the parameter,
+    what was given and what is expected (answered 400)."""
 
 
 def chosen_partition(topic: TopicRow, asked: str | None) -> PartitionRow:
+    """The partition `?partition=` names; the first when none is named."""
+    if asked is None:
+        return topic.partitions[0]
     for p in topic.partitions:
-        if asked is not None and str(p.partition) == asked:
+        if str(p.partition) == asked:
             return p
-    return topic.partitions[0]
+    numbers = [p.partition for p in topic.partitions if p.partition is not None]
+    expected = (f"one of {', '.join(map(str, numbers))}" if numbers
+                else "no partition parameter: the topic is not partitioned")
+    raise BadPageRequest(f"partition={asked!r} is not a partition of {topic.name}: expected {expected}")
 
 
 def page_start(asked: str | None, partition: PartitionRow, size: int) -> int:
-    """The offset a page starts at: the one asked for, else the last page etcd knows of."""
-    if asked is not None and asked.isdigit():
+    """The offset a page starts at: the one asked for, else the last page up to the head."""
+    if asked is not None:
+        if not asked.isdigit():
+            raise BadPageRequest(f"offset={asked!r}: expected an offset, a whole number from 0")
         return int(asked)
-    newest = partition.newest_known
-    return max(0, newest + 1 - size) if newest is not None else 0
+    head = partition.head
+    return max(0, head + 1 - size) if head is not None else 0
 
 
 def decoded_rows(cache: KeyReader, topic: str, messages: list[StreamMessage]) -> list[MessageRow]:
@@ -84,16 +67,13 @@ class CursorRow:
 
     @property
     def head(self) -> int | None:
-        """The newest offset etcd shows for the partition (uploaded, sealed, or a cursor's):
-        the WAL's unuploaded tail is the topic page's to show, since it needs the WAL read."""
-        return self.partition.newest_known
+        """The newest offset written to the partition, its WAL tail included."""
+        return self.partition.head
 
     @property
     def behind(self) -> int | None:
         """Messages between the cursor and the head (both inclusive offsets); None without a cursor."""
-        cursor = self.subscription.cursor if self.subscription is not None else None
-        head = self.head
-        return max(0, head - cursor) if cursor is not None and head is not None else None
+        return self.subscription.lag_messages if self.subscription is not None else None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """What the console's pages read from, wired once per process: the etcd view (one cache), the
-readers that turn its keys into rows, the object store, the pipeline files and the lag history.
+readers that turn its keys into rows, the WAL tails, the object store, the pipeline files and
+the lag history.
 
 Every page reads the cache, never etcd; storage, Delta logs and metrics endpoints are read by
 the one page that shows them, at most one page of messages or one Delta log tail per request.
@@ -13,6 +14,7 @@ from typing import Callable
 from danube_core.keys import StorageKeys
 from danube_core.metadata import MetadataStore
 from danube_core.objectstore import ObjectStore
+from danube_core.topics import TopicName
 from speedlayer.keys import SpeedLayerKeys
 
 from console.brokers import BrokersReader
@@ -21,7 +23,8 @@ from console.etcd_view import EtcdView, console_prefixes
 from console.lag_history import LagHistory, LagSampler
 from console.pipelines_view import PipelineFile, load_pipelines
 from console.speedlayer_view import SpeedLayerReader
-from console.topics import TopicsReader, all_subscriptions
+from console.topics import KeyReader, TopicsReader, all_subscriptions
+from console.wal_tail import WalTail, WalTailReader
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +39,9 @@ class ConsoleServices:
         self.etcd = EtcdView(config.etcd, console_prefixes(config.root_prefix, self.speedlayer_keys), connect)
         self.storage_keys = StorageKeys(config.root_prefix)
         self.store = ObjectStore(config.storage_url, dict(config.storage_options))
-        self.topics = TopicsReader(config.root_prefix)
         self.brokers = BrokersReader()
+        self.wal_tails = WalTailReader()
+        self.topics = TopicsReader(config.root_prefix, self._wal_tail)
         self.speedlayer = SpeedLayerReader(self.speedlayer_keys)
         self.pipelines: list[PipelineFile] = load_pipelines(config.pipelines, config.pipeline_env)
         self.lag_history = LagHistory(config.history_samples)
@@ -49,6 +53,9 @@ class ConsoleServices:
         if self._sampler is not None:
             self._sampler.start()
         return self
+
+    def _wal_tail(self, cache: KeyReader, topic: TopicName, owner: int | None) -> WalTail:
+        return self.wal_tails.read(self.brokers.wal_url(cache, owner), topic)
 
     def _subscriptions(self):
         cache = self.etcd.cache

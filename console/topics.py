@@ -1,16 +1,19 @@
-"""What the topics pages show, read from the console's etcd cache: namespaces, each topic's
-partitions, owner broker, objects and bytes in storage, newest uploaded offset, and every
-subscription with its cursor and lag.
+"""What the topics pages show, read from the console's etcd cache and each partition's WAL
+tail: namespaces, each topic's partitions, owner broker, objects and bytes in storage, newest
+uploaded offset, head, and every subscription with its cursor and lag.
 
-Lag is what the `danube` data source records in its subscription record (`lag`: messages,
-bytes, ms, `updated_at`, written by `connectors.cursor_commit.record_lag`); a subscription
-without one (a broker consumer's) gets its lag in messages from the cursor and the newest
-offset known. Offsets are inclusive, as in etcd. Parsed descriptors are kept per (key, value)
-(`ParsedValues`), so a page over a thousand topics parses only what changed since the last.
+A subscription's lag is always its partition's head (the newest offset written, the WAL's
+unuploaded tail included) minus its cursor, whoever consumes it: the `danube` data source's
+record in the subscription record (`lag`: messages, bytes, ms, `updated_at`) is written only
+while its query runs, so a stopped pipeline's record says what was true when it stopped. That
+record is kept as detail beside the lag, with its age (`RecordedLag`). Offsets are inclusive,
+as in etcd. Parsed descriptors are kept per (key, value) (`ParsedValues`), so a page over a
+thousand topics parses only what changed since the last.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
@@ -20,7 +23,18 @@ from danube_core.json_text import load_json
 from danube_core.records import ObjectDescriptor, SealedState, parse_cursor
 from danube_core.topics import TopicName
 
+from console.wal_tail import WalTail
+
 SUBSCRIPTION_TYPES = {0: "Exclusive", 1: "Shared", 2: "Failover"}
+
+# The data source rewrites its lag record every 10 s while its query runs
+# (`LAG_RECORD_INTERVAL_S` of `connectors.stream`); one missed write is a slow trigger, two a
+# query that is not running.
+RECORD_INTERVAL_S = 10.0
+RECORD_STALE_AFTER_S = 2 * RECORD_INTERVAL_S
+
+WalTails = Callable[["KeyReader", TopicName, "int | None"], WalTail]
+"""(cache, partition, owner broker) -> that partition's WAL tail on its owner."""
 
 
 class KeyReader(Protocol):
@@ -50,18 +64,41 @@ class ParsedValues:
 
 
 @dataclass(frozen=True)
+class RecordedLag:
+    """The `danube` data source's own measure, as it last wrote it (Unix seconds `updated_at`)."""
+
+    messages: int | None
+    bytes: int | None
+    ms: int | None
+    updated_at: int | None
+
+    def age_s(self, now: float | None = None) -> float | None:
+        return max(0.0, (time.time() if now is None else now) - self.updated_at) \
+            if self.updated_at is not None else None
+
+    def stale(self, now: float | None = None) -> bool:
+        """Older than its writer's interval allows: its query is not running (or not reaching etcd)."""
+        age = self.age_s(now)
+        return age is None or age > RECORD_STALE_AFTER_S
+
+
+@dataclass(frozen=True)
 class SubscriptionRow:
-    """One subscription of one partition. `lag_*` None: not recorded and not computable."""
+    """One subscription of one partition: its cursor (inclusive: the last offset acknowledged)
+    against the partition's `head`. `record`: the data source's lag record, None for others."""
 
     topic: str
     name: str
     kind: str | None
     consumer: str | None
     cursor: int | None
-    lag_messages: int | None
-    lag_bytes: int | None
-    lag_ms: int | None
-    lag_recorded_at: int | None  # Unix seconds of the data source's record; None: computed here
+    head: int | None
+    record: RecordedLag | None = None
+
+    @property
+    def lag_messages(self) -> int | None:
+        """Messages written after the cursor; None without a cursor or a known head."""
+        return max(0, self.head - self.cursor) if self.head is not None and self.cursor is not None else None
 
 
 @dataclass(frozen=True)
@@ -73,14 +110,19 @@ class PartitionRow:
     object_bytes: int
     newest_uploaded: int | None  # inclusive end of the last object
     sealed_offset: int | None
+    wal: WalTail
     subscriptions: list[SubscriptionRow] = field(default_factory=list)
 
     @property
-    def newest_known(self) -> int | None:
-        """The newest offset etcd shows: uploaded, sealed, or acknowledged by a cursor."""
-        seen = [o for o in (self.newest_uploaded, self.sealed_offset,
-                            *(s.cursor for s in self.subscriptions)) if o is not None]
-        return max(seen) if seen else None
+    def head(self) -> int | None:
+        """The newest offset written: the WAL's, uploaded, sealed, or acknowledged by a cursor."""
+        return _newest(self.wal.last_offset, self.newest_uploaded, self.sealed_offset,
+                       *(s.cursor for s in self.subscriptions))
+
+
+def _newest(*offsets: int | None) -> int | None:
+    seen = [o for o in offsets if o is not None]
+    return max(seen) if seen else None
 
 
 @dataclass(frozen=True)
@@ -113,18 +155,25 @@ class TopicRow:
         return sorted({p.owner for p in self.partitions if p.owner is not None})
 
     @property
+    def head(self) -> int | None:
+        """The newest head of its partitions (one partition's, for an unpartitioned topic)."""
+        return _newest(*(p.head for p in self.partitions))
+
+    @property
     def lag_messages(self) -> int | None:
-        """Messages behind, summed over every subscription that has a figure."""
+        """Messages behind, summed over every subscription that has a cursor."""
         found = [s.lag_messages for s in self.subscriptions if s.lag_messages is not None]
         return sum(found) if found else None
 
 
 class TopicsReader:
-    """Builds the topics pages' rows from a cache. One instance per console (its parse memo)."""
+    """Builds the topics pages' rows from a cache and the partitions' WAL tails (`wal_tails`).
+    One instance per console (its parse memo)."""
 
-    def __init__(self, root_prefix: str) -> None:
+    def __init__(self, root_prefix: str, wal_tails: WalTails) -> None:
         self.storage = keys.StorageKeys(root_prefix)
         self._parsed = ParsedValues()
+        self._wal_tails = wal_tails
 
     def namespaces(self, cache: KeyReader) -> list[str]:
         found = {key[len(keys.NAMESPACES_PREFIX):].split("/", 1)[0]
@@ -173,11 +222,16 @@ class TopicsReader:
         raw_state = cache.get(self.storage.state_key(topic))
         sealed = (self._parsed.get(self.storage.state_key(topic), raw_state, SealedState.from_json)
                   if raw_state is not None else None)
+        owner = owners.get(topic.storage_path)
         newest = descriptors[-1].end_offset if descriptors else None
-        subs = self.subscriptions(cache, topic, newest)
-        return PartitionRow(str(topic), topic.partition, owners.get(topic.storage_path), len(descriptors),
-                            sum(d.size for d in descriptors), newest,
-                            sealed.last_committed_offset if sealed is not None and sealed.sealed else None, subs)
+        sealed_at = sealed.last_committed_offset if sealed is not None and sealed.sealed else None
+        wal = self._wal_tails(cache, topic, owner)
+        cursors, records = self._subscription_keys(cache, topic)
+        head = _newest(wal.last_offset, newest, sealed_at, *cursors.values())
+        subs = [self._subscription(str(topic), name, records.get(name), cursors.get(name), head)
+                for name in sorted(set(records) | set(cursors))]
+        return PartitionRow(str(topic), topic.partition, owner, len(descriptors), sum(d.size for d in descriptors),
+                            newest, sealed_at, wal, subs)
 
     def descriptors(self, cache: KeyReader, topic: TopicName) -> list[ObjectDescriptor]:
         out = []
@@ -186,7 +240,7 @@ class TopicsReader:
                 out.append(self._parsed.get(key, raw, ObjectDescriptor.from_json))
         return out
 
-    def subscriptions(self, cache: KeyReader, topic: TopicName, newest: int | None) -> list[SubscriptionRow]:
+    def _subscription_keys(self, cache: KeyReader, topic: TopicName) -> tuple[dict[str, int], dict[str, dict]]:
         records: dict[str, dict] = {}
         cursors: dict[str, int] = {}
         for key, raw in cache.get_prefix(keys.subscriptions_prefix(topic)):
@@ -198,20 +252,17 @@ class TopicsReader:
                     records[name] = self._parsed.get(key, raw, load_json)
             except DanubeError:
                 continue  # a value no broker wrote: shown as absent, not as an error page
-        return [self._subscription(str(topic), name, records.get(name), cursors.get(name), newest)
-                for name in sorted(set(records) | set(cursors))]
+        return cursors, records
 
     @staticmethod
     def _subscription(topic: str, name: str, record: dict | None, cursor: int | None,
-                      newest: int | None) -> SubscriptionRow:
+                      head: int | None) -> SubscriptionRow:
         record = record if isinstance(record, dict) else {}
         lag = record.get("lag") if isinstance(record.get("lag"), dict) else None
         kind = SUBSCRIPTION_TYPES.get(record.get("subscription_type", -1))
-        if lag is not None:
-            return SubscriptionRow(topic, name, kind, record.get("consumer_name"), cursor, _int(lag.get("messages")),
-                                   _int(lag.get("bytes")), _int(lag.get("ms")), _int(lag.get("updated_at")))
-        computed = max(0, newest - cursor) if newest is not None and cursor is not None else None
-        return SubscriptionRow(topic, name, kind, record.get("consumer_name"), cursor, computed, None, None, None)
+        recorded = RecordedLag(_int(lag.get("messages")), _int(lag.get("bytes")), _int(lag.get("ms")),
+                               _int(lag.get("updated_at"))) if lag is not None else None
+        return SubscriptionRow(topic, name, kind, record.get("consumer_name"), cursor, head, recorded)
 
 
 def _int(value: Any) -> int | None:

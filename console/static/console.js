@@ -1,5 +1,5 @@
 // Lag over time on the topic page: one uPlot chart per subscription, from the samples the page
-// embeds (#lag-data: {"topic|subscription": [[unix_s, messages, bytes, ms], ...]}).
+// embeds (#lag-data: {"topic|subscription": [[unix_s, messages behind], ...]}).
 (function () {
   var source = document.getElementById("lag-data");
   var holder = document.getElementById("lag-charts");

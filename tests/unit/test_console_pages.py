@@ -10,6 +10,7 @@ import dataclasses
 import html
 import json
 import re
+import time
 
 import pytest
 from starlette.testclient import TestClient
@@ -103,17 +104,125 @@ def test_topics_page_shows_partitions_objects_and_subscriptions_from_etcd(platfo
     assert f'data-value="{total}"' in page.text
 
 
-def test_topic_page_shows_wal_tail_cursor_and_recorded_lag(platform):
+def test_topic_page_shows_wal_tail_cursor_and_lag_against_the_head(platform):
     metadata, store, _ = platform
     page = client_for(metadata, store).get("/topics/default/orders")
     assert page.status_code == 200
     assert cell(page.text, "data-partition", "/default/orders-part-0", "owner") == "7"
     assert cell(page.text, "data-partition", "/default/orders-part-0", "wal") == "0..24"
     assert cell(page.text, "data-partition", "/default/orders-part-0", "newest") == "24"
-    assert cell(page.text, "data-subscription", "/default/orders-part-0|orders-delta", "lag-messages") == "9"
-    assert cell(page.text, "data-subscription", "/default/orders-part-0|orders-delta", "lag-seconds") == "4.0"
-    # no record of lag: computed from the cursor and the newest offset etcd shows
-    assert cell(page.text, "data-subscription", "/default/orders-part-1|other", "lag-messages") == "16"
+    sub = "/default/orders-part-0|orders-delta"
+    assert cell(page.text, "data-subscription", sub, "head") == "24"
+    assert cell(page.text, "data-subscription", sub, "lag-messages") == "9"  # 24 - 15
+    # the data source's record is detail beside it, with its age: written in 1970, so stale
+    assert cell(page.text, "data-subscription", sub, "recorded-messages") == "9"
+    assert cell(page.text, "data-subscription", sub, "recorded-seconds") == "4.0"
+    assert "(stale: its query is not writing it)" in cell(page.text, "data-subscription", sub, "recorded-age")
+    # no record of lag (a broker consumer's): the same head minus cursor
+    assert cell(page.text, "data-subscription", "/default/orders-part-1|other", "lag-messages") == "21"
+    assert cell(page.text, "data-subscription", "/default/orders-part-1|other", "recorded-age") \
+        == "no record (not the data source's)"
+
+
+def put_lag_record(metadata, topic: str, subscription: str, messages: int, updated_at: int) -> None:
+    record = SubscriptionRecord(None, "spark", subscription, 0).to_value()
+    metadata.put(keys.subscription_key(topic, subscription), dump_json(
+        {**record, "lag": {"messages": messages, "bytes": 0, "ms": 0, "updated_at": updated_at}}))
+
+
+def test_stopped_pipeline_lag_is_head_minus_cursor_not_its_last_record(platform, tmp_path):
+    """Issue 41: a pipeline stopped after catching up left "lag 0" in its record; 50 orders
+    later the topic page still said 0 while /pipelines said behind 50."""
+    metadata, store, builders = platform
+    topic = "/default/orders-part-0"
+    put_lag_record(metadata, topic, "orders-delta", 0, int(time.time()) - 3600)  # caught up, an hour ago
+    metadata.put(keys.cursor_key(topic, "orders-delta"), dump_cursor(24))
+    builders[0].append(50, payload=lambda o: json.dumps({"order_id": f"o-{o}"}).encode())
+    builders[0].upload()  # 25..74 uploaded: the head etcd shows
+    client = client_for(metadata, store, pipelines=(pipeline_file(tmp_path),))
+    from tests.rig import eventually
+
+    page = eventually(lambda: (r := client.get("/topics/default/orders")) and
+                      cell(r.text, "data-partition", topic, "newest-uploaded") == "74" and r)
+    sub = f"{topic}|orders-delta"
+    assert cell(page.text, "data-subscription", sub, "lag-messages") == "50"
+    assert cell(page.text, "data-subscription", sub, "recorded-messages") == "0"
+    assert "stale" in cell(page.text, "data-subscription", sub, "recorded-age")
+    pipelines = client.get("/pipelines").text
+    assert cell(pipelines, "data-partition", topic, "behind") == "50"
+
+
+def test_lag_counts_offsets_only_in_the_wal(platform):
+    """Issue 41: cursor 254 with 250..269 only in the WAL showed lag 0 "computed from the
+    cursor" beside a newest offset of 269, and the chart recorded 0 for that window."""
+    metadata, store, builders = platform
+    topic = "/default/orders-part-1"
+    metadata.put(keys.cursor_key(topic, "other"), dump_cursor(19))  # a broker consumer at the last uploaded
+    put_lag_record(metadata, "/default/orders-part-0", "orders-delta", 0, int(time.time()))  # fresh, but 0
+    metadata.put(keys.cursor_key("/default/orders-part-0", "orders-delta"), dump_cursor(19))
+    base = ConsoleConfig(storage_url=store.url, history_samples=10, page_messages=10)
+    services = ConsoleServices(base, connect=lambda: metadata, sample_lag=False)
+    services.start()
+    assert services.etcd.wait_ready(10)
+    from tests.rig import eventually
+
+    page = eventually(lambda: (r := TestClient(build_app(services)).get("/topics/default/orders")) and
+                      cell(r.text, "data-subscription", f"{topic}|other", "cursor") == "19" and r)
+    assert cell(page.text, "data-partition", topic, "newest") == "24"
+    assert cell(page.text, "data-subscription", f"{topic}|other", "lag-messages") == "5"
+    assert cell(page.text, "data-subscription", "/default/orders-part-0|orders-delta", "lag-messages") == "5"
+    # the chart's samples count the WAL too (the sampler's own rows, as its thread takes them)
+    services.lag_history.record(services._subscriptions())
+    assert services.lag_history.series(topic, "other")[-1][1] == 5
+    assert services.lag_history.series("/default/orders-part-0", "orders-delta")[-1][1] == 5
+    services.close()
+
+
+def test_subscription_behind_and_growing_is_highlighted(platform):
+    metadata, store, builders = platform
+    topic = "/default/orders-part-1"
+    base = ConsoleConfig(storage_url=store.url, history_samples=10, page_messages=10)
+    services = ConsoleServices(base, connect=lambda: metadata, sample_lag=False)
+    services.start()
+    assert services.etcd.wait_ready(10)
+    client = TestClient(build_app(services))
+    for _ in range(3):
+        services.lag_history.record(services._subscriptions())
+        builders[1].append(4, payload=lambda o: b"{}")
+    services.lag_history.record(services._subscriptions())
+    page = client.get("/topics/default/orders")
+    assert [p[1] for p in services.lag_history.series(topic, "other")][-4:] == [21, 25, 29, 33]
+    row = re.search(rf'<tr data-subscription="{topic}\|other" class="growing">(.*?)</tr>', page.text, re.S)
+    assert row and 'data-field="growing">behind and growing' in row.group(1)
+    assert 'data-subscription="/default/orders-part-0|orders-delta" class="growing"' not in page.text  # not moving
+    services.close()
+
+
+@pytest.mark.parametrize("path", ["/topics/default/bad.name", "/topics/default/a%20b",
+                                  "/topics/default/bad.name/messages", "/topics/default/a%20b/messages"])
+def test_invalid_topic_name_is_a_400_naming_the_expected_form(platform, path):
+    metadata, store, _ = platform
+    page = client_for(metadata, store).get(path)
+    assert page.status_code == 400, page.status_code
+    assert "invalid topic name" in page.text and "expected the form /{namespace}/{topic}" in page.text
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("partition=7", "partition=&#39;7&#39; is not a partition of /default/orders: expected one of 0, 1, 2"),
+    ("offset=-5", "offset=&#39;-5&#39;: expected an offset, a whole number from 0"),
+    ("offset=abc&partition=1", "offset=&#39;abc&#39;: expected an offset"),
+])
+def test_browser_parameter_it_cannot_show_is_a_400_naming_it(platform, query, expected):
+    metadata, store, _ = platform
+    page = client_for(metadata, store).get(f"/topics/default/orders/messages?{query}")
+    assert page.status_code == 400 and expected in page.text, page.text
+
+
+def test_partition_asked_of_an_unpartitioned_topic_is_a_400(platform):
+    metadata, store, _ = platform
+    page = client_for(metadata, store).get("/topics/default/raw/messages?partition=7")
+    assert page.status_code == 400
+    assert "expected no partition parameter: the topic is not partitioned" in page.text
 
 
 def test_browser_reads_one_page_across_objects_and_wal_decoding_with_the_schema(platform):
@@ -303,8 +412,8 @@ def test_pipelines_page_sets_cursors_against_heads_and_the_announcement_against_
     assert page.status_code == 200
     section = re.search(r'<section class="pipeline" data-pipeline="orders">(.*?)</section>', page.text, re.S).group(1)
     assert cell(section, "data-partition", "/default/orders-part-0", "cursor") == "15"
-    assert cell(section, "data-partition", "/default/orders-part-0", "head") == "19"  # 20 uploaded, 5 in the WAL
-    assert cell(section, "data-partition", "/default/orders-part-0", "behind") == "4"
+    assert cell(section, "data-partition", "/default/orders-part-0", "head") == "24"  # 20 uploaded, 5 in the WAL
+    assert cell(section, "data-partition", "/default/orders-part-0", "behind") == "9"
     assert cell(section, "data-partition", "/default/orders-part-1", "cursor") == "—"  # not this subscription's
     assert "nothing announced yet" in section
 

@@ -12,7 +12,7 @@ from console.lag_history import LagHistory
 from console.message_view import show_payload
 from tests.unit.test_console_pages import avro_long
 from console.metrics_scrape import Sample, Scrape, histogram_quantile, metrics_url
-from console.topics import SubscriptionRow
+from console.topics import RECORD_INTERVAL_S, RecordedLag, SubscriptionRow
 from danube_core.errors import ConfigError
 from danube_core.schema_records import SchemaDef
 
@@ -109,5 +109,22 @@ def test_protobuf_payload_shown_as_bytes_saying_the_proto_needs_compiling():
 def test_lag_history_keeps_the_last_samples():
     history = LagHistory(samples=3)
     for i in range(5):
-        history.record([SubscriptionRow("/a/t", "s", None, None, i, 10 - i, None, None, None)], now=float(i))
+        history.record([SubscriptionRow("/a/t", "s", None, None, i, 10)], now=float(i))
     assert [p[1] for p in history.series("/a/t", "s")] == [8, 7, 6]
+
+
+@pytest.mark.parametrize("behind, growing", [
+    ([1, 2, 3], True), ([5, 5, 6], True), ([0, 4, 8], False), ([3, 2, 3], False), ([4, 4, 4], False),
+    ([2, 3], False), ([6, 5, 4], False),
+])
+def test_lag_growing_needs_three_samples_behind_and_never_shrinking(behind, growing):
+    history = LagHistory(samples=10)
+    for i, messages in enumerate(behind):
+        history.record([SubscriptionRow("/a/t", "s", None, None, 100 - messages, 100)], now=float(i))
+    assert history.growing("/a/t", "s") is growing
+
+
+def test_recorded_lag_is_stale_after_two_of_its_writer_intervals():
+    assert not RecordedLag(0, 0, 0, updated_at=1000).stale(now=1000 + RECORD_INTERVAL_S * 1.5)
+    assert RecordedLag(0, 0, 0, updated_at=1000).stale(now=1000 + RECORD_INTERVAL_S * 2 + 1)
+    assert RecordedLag(0, 0, 0, updated_at=None).stale(now=1000)
