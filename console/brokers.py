@@ -1,6 +1,7 @@
 """What the brokers page shows, from the console's etcd cache: each registered broker (or one
-that still owns topics), whether it leads, its mode, its last load report (CPU, memory, disk
-and network I/O) and the topics assigned to it; its Prometheus endpoint is the registration's
+that still owns topics), whether it leads, its mode, its last load report (CPU and memory as
+percentages, disk and network I/O in bytes per second, as `broker.resource_usage` measures them)
+and the topics assigned to it; its Prometheus endpoint is the registration's
 `prom_exporter`, scraped by the page when present.
 """
 

@@ -23,7 +23,9 @@ from danube_core import keys
 from danube_core.errors import MetadataUnavailableError
 from danube_core.metadata_memory import MemoryMetadataStore
 from danube_core.objectstore import ObjectStore
-from danube_core.records import BrokerRegistration, SubscriptionRecord, dump_cursor, dump_json
+from danube_core.records import (
+    BrokerRegistration, LoadReport, ResourceUsage, SubscriptionRecord, dump_cursor, dump_json,
+)
 from danube_core.schema_registry import register_schema
 from devstack.ports import free_port
 from tests.topic_builder import TopicBuilder
@@ -313,6 +315,28 @@ def test_unreachable_broker_metrics_endpoint_is_named(platform):
     assert page.status_code == 200
     assert f"metrics endpoint http://{dead}/metrics unreachable" in page.text
     assert cell(page.text, "data-broker", "7", "topics") == "4"
+
+
+def test_broker_load_figures_say_their_units(platform):
+    metadata, store, _ = platform
+    usage = [ResourceUsage("CPU", 12.5), ResourceUsage("Memory", 40.0), ResourceUsage("DiskIO", 0.0),
+             ResourceUsage("NetworkIO", 3 * 1024 * 1024.0)]
+    metadata.put(keys.load_key(7), LoadReport(7, usage, 1_700_000_000, [], 0, 0, 0.0).to_json())
+    page = eventually_page(client_for(metadata, store), "/brokers", 'data-field="cpu">12.5')
+    assert cell(page, "data-broker", "7", "cpu") == "12.5 %"
+    assert cell(page, "data-broker", "7", "memory") == "40.0 %"
+    assert cell(page, "data-broker", "7", "disk-io") == "0 B/s"
+    assert cell(page, "data-broker", "7", "network-io") == "3.0 MiB/s"
+
+
+def eventually_page(client: TestClient, path: str, shows: str) -> str:
+    from tests.rig import eventually
+
+    def shown() -> str | None:
+        text = client.get(path).text
+        return text if shows in text else None
+
+    return eventually(shown)
 
 
 @pytest.mark.parametrize("allowed, token", [(False, None), (True, None), (True, "wrong")])
