@@ -39,9 +39,11 @@ logger = logging.getLogger(__name__)
 ENV_PREFIX = "DANUBE_"
 LOOPBACK_FOR_ANY = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 # Who serves the client port (our extension, `broker.grpc_front`): "native" answers
-# SendMessage in Rust and hands the rest to Python's gRPC server (broker/send_front.py);
-# "python" is Python's gRPC server alone.
-GRPC_FRONTS = ("native", "python")
+# SendMessage in Rust and hands the rest to Python's gRPC server (broker/send_front.py), and
+# fails at start where its extension (broker._grpc_front) was not built; "python" is Python's
+# gRPC server alone; "auto" (the default) is "native" where the extension was built and
+# "python" otherwise, said once at start (an install without cargo has no extension).
+GRPC_FRONTS = ("auto", "native", "python")
 
 _TOP_LEVEL = {
     "cluster_name", "broker", "meta_store", "bootstrap_namespaces", "auto_create_topics",
@@ -59,7 +61,7 @@ class ListenerConfig:
     prometheus_port: int | None
     broker_url: str
     connect_url: str
-    grpc_front: str = "native"
+    grpc_front: str = "auto"
 
     @property
     def bind_address(self) -> str:
@@ -293,7 +295,8 @@ def _listener(broker: _Reader) -> ListenerConfig:
         prometheus_port=ports.integer("prometheus", None, 1, 65535),
         broker_url=broker_url,
         connect_url=_with_scheme(advertised.text("connect_url", broker_url)),
-        grpc_front=broker.value("grpc_front", "native", lambda v: v in GRPC_FRONTS, " or ".join(GRPC_FRONTS)),
+        grpc_front=broker.value("grpc_front", "auto", lambda v: v in GRPC_FRONTS,
+                                 f"one of {', '.join(GRPC_FRONTS)}"),
     )
 
 

@@ -1,4 +1,4 @@
-"""The broker's client port with the native front (`broker.grpc_front: native`, the default).
+"""The broker's client port with the native front (`broker.grpc_front: native`, or `auto` where it was built).
 
 Python's gRPC server spends about 300 µs of CPU on every unary call: more than the broker's
 whole durable publish, so with it alone the publish rate was bound by the server, not by the
@@ -15,6 +15,7 @@ one loop wake-up per batch rather than per call.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import grpc
@@ -27,6 +28,13 @@ from broker.client_errors import InvalidRequestError
 from broker.grpc_services import grpc_status, send_message
 from broker.service import BrokerService
 
+logger = logging.getLogger(__name__)
+
+# What a broker without the native front gives up (bench/README.md, bench_ingest.py).
+NATIVE_FRONT_COST = ("Python's gRPC server alone spends ~300 µs of CPU per SendMessage, "
+                     "so publishes are ~3-4x slower (bench/README.md)")
+NATIVE_FRONT_REMEDY = "reinstall danube-spark with cargo on PATH (https://rustup.rs), or install its wheel"
+
 # Requests handed to the event loop at once: 64 sends in flight from each of several
 # producers fit in one batch, and a batch stays short enough not to hold the loop for long.
 BATCH_MAX = 512
@@ -34,18 +42,41 @@ BATCH_MAX = 512
 POLL_SECONDS = 0.5
 
 
+def use_native_front(grpc_front: str, source: str) -> bool:
+    """Whether the client port gets the native front, for the configured `broker.grpc_front`.
+
+    An install without cargo has no `broker._grpc_front`: "auto" then serves with Python's gRPC
+    server and says so (once, the broker calls this at start), while an explicit "native" is a
+    configuration this install cannot honour and stops the broker before it serves anything.
+    """
+    if grpc_front == "python":
+        return False
+    try:
+        import broker._grpc_front  # noqa: F401  # the compiled extension, absent without cargo
+    except ImportError as exc:
+        if grpc_front == "native":
+            raise ConfigError(
+                f"config {source}: broker.grpc_front is 'native' but its extension broker._grpc_front is not "
+                f"built ({exc}); {NATIVE_FRONT_REMEDY}, or set broker.grpc_front: auto (or python) to serve "
+                f"with Python's gRPC server alone"
+            ) from exc
+        logger.warning("broker.grpc_front: auto: the native front's extension broker._grpc_front is not built "
+                       "(%s); serving the client port with Python's gRPC server alone: %s; %s",
+                       exc, NATIVE_FRONT_COST, NATIVE_FRONT_REMEDY)
+        return False
+    return True
+
+
 class SendFront:
-    """The native front on `bind`, forwarding all but SendMessage to `services` (host:port)."""
+    """The native front on `bind`, forwarding all but SendMessage to `services` (host:port).
+
+    Made only after `use_native_front` said yes, so its extension is there.
+    """
 
     def __init__(self, service: BrokerService, bind: str, services: str, max_message_bytes: int,
                  grace_seconds: float, source: str) -> None:
-        try:
-            from broker._grpc_front import GrpcFront
-        except ImportError as exc:
-            raise ConfigError(
-                f"config {source}: broker.grpc_front is 'native' but its extension broker._grpc_front is not "
-                f"built ({exc}); reinstall danube-spark with cargo on PATH, or set broker.grpc_front: python"
-            ) from exc
+        from broker._grpc_front import GrpcFront
+
         try:
             self._front = GrpcFront(bind, services, max_message_bytes, threads=1, grace=grace_seconds)
         except OSError as exc:

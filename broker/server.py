@@ -39,7 +39,7 @@ from broker.leader import TopicAssigner, broker_election
 from broker.lookup_cache import ServedTopicKeys, open_lookup_cache
 from broker.namespaces import Namespaces
 from broker.schema_service import add_schema_registry
-from broker.send_front import SendFront
+from broker.send_front import SendFront, use_native_front
 from broker.service import BrokerService
 from broker.storage_engine import StorageEngine, StorageSettings
 from broker.topic import random_id
@@ -170,7 +170,7 @@ class BrokerServer:
         add_services(self._grpc, self.service)
         self._serve_metrics()
         add_schema_registry(self._grpc, self.metadata)
-        native = cfg.listener.grpc_front == "native"
+        native = use_native_front(cfg.listener.grpc_front, cfg.source)
         grpc_address = "127.0.0.1:0" if native else cfg.listener.bind_address  # behind the front: loopback only
         grpc_port = self._grpc.add_insecure_port(grpc_address)
         if grpc_port == 0:

@@ -45,7 +45,7 @@ def test_environment_overrides_nested_keys_as_yaml_values():
     [
         ({"broker": {"ports": {"client": "6650"}}}, "broker.ports.client", "an integer"),
         ({"broker": {"prot": 1}}, "broker.prot", "one of the keys"),
-        ({"broker": {"grpc_front": "rust"}}, "broker.grpc_front", "native or python"),
+        ({"broker": {"grpc_front": "rust"}}, "broker.grpc_front", "one of auto, native, python"),
         ({"auth": {"mode": "tls"}}, "auth.mode", "'none'"),
         ({"wal_cloud": {"wal": {"dir": None}}}, "wal_cloud.wal.dir", "a non-empty string"),
         ({"policies": {"max_message_size": -1}}, "policies.max_message_size", "an integer in 0..4294967295"),
