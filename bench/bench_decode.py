@@ -1,6 +1,6 @@
-"""Benchmark: WAL frames -> Arrow RecordBatch, C decoder vs the pure-Python reference.
+"""Benchmark: WAL frames -> Arrow RecordBatch, C decoder vs its pure fallback and the pure-Python reference.
 
-Usage: python bench/bench_decode.py [--frames N] [--reference-frames M] [--repeat R]
+Usage: python bench/bench_decode.py [--frames N] [--reference-frames M] [--repeat R] [--pure-repeat P]
 
 Builds N frames of a typical broker message (topic "/default/orders", broker_addr
 "http://127.0.0.1:6650/", producer "producer-1", 100-byte payload, 1-2 attributes,
@@ -8,8 +8,10 @@ subscription Some("")), decodes them in one call and reports messages per second
 core: rates are per CPU second of this process (best of R runs), which is what "per core"
 means and what stays meaningful on a shared, busy machine; wall-clock rates and the load
 average are recorded next to them. The reference decoder is ~200x slower, so it runs on the
-first M frames and is scaled. Writes bench/results/decode.json. The target is >= 3 M msgs/s
-for the full-column decode.
+first M frames and is scaled. The pure decoder (`danube_core.pure_decode`, what readers use
+where the C extension was not built) decodes the same N frames, best of P runs, and its
+rate is reported against the C decoder's (`ratio_c_over_pure`). Writes
+bench/results/decode.json. The target is >= 3 M msgs/s for the full-column decode.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Callable
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from danube_core import _fastdecode, pure_decode  # noqa: E402
 from danube_core.arrow_decode import (  # noqa: E402
     decode_frames,
     decode_frames_reference,
@@ -92,28 +95,40 @@ def measure(name: str, fn: Callable[[], object], repeat: int, frames: int, nbyte
     }
 
 
-def run(frames: int, reference_frames: int, repeat: int) -> dict:
+def run(frames: int, reference_frames: int, repeat: int, pure_repeat: int) -> dict:
     start = time.perf_counter()
     buf = build_frames(frames)
     build_s = time.perf_counter() - start
     sample = memoryview(buf)[: decode_frames(buf, max_frames=reference_frames, columns=["offset"]).consumed]
 
-    full = decode_frames(buf)
+    full = decode_frames(buf, _decoder=_fastdecode)
     assert full.batch.num_rows == frames and full.stop_reason == "end", full.stop_detail
     reference = decode_frames_reference(sample)
-    assert decode_frames(sample).batch.equals(reference.batch), "fast and reference differ"
+    assert decode_frames(sample, _decoder=_fastdecode).batch.equals(reference.batch), "fast and reference differ"
+    assert decode_frames(buf, _decoder=pure_decode).batch.equals(full.batch), "pure and fast differ"
 
     size = len(buf)
     cases = [
-        measure("fast, all columns", lambda: decode_frames(buf), repeat, frames, size),
+        measure("fast, all columns", lambda: decode_frames(buf, _decoder=_fastdecode), repeat, frames, size),
         measure(
             "fast, connector columns",
-            lambda: decode_frames(buf, columns=CONNECTOR_COLUMNS),
+            lambda: decode_frames(buf, columns=CONNECTOR_COLUMNS, _decoder=_fastdecode),
             repeat,
             frames,
             size,
         ),
-        measure("scan_frame_offsets (CRC only)", lambda: scan_frame_offsets(buf), repeat, frames, size),
+        measure("scan_frame_offsets (CRC only)", lambda: scan_frame_offsets(buf, _decoder=_fastdecode), repeat,
+                frames, size),
+        measure("pure, all columns", lambda: decode_frames(buf, _decoder=pure_decode), pure_repeat, frames, size),
+        measure(
+            "pure, connector columns",
+            lambda: decode_frames(buf, columns=CONNECTOR_COLUMNS, _decoder=pure_decode),
+            pure_repeat,
+            frames,
+            size,
+        ),
+        measure("pure scan_frame_offsets", lambda: scan_frame_offsets(buf, _decoder=pure_decode), pure_repeat,
+                frames, size),
         measure(
             "reference (pure Python)",
             lambda: decode_frames_reference(sample),
@@ -123,20 +138,28 @@ def run(frames: int, reference_frames: int, repeat: int) -> dict:
         ),
     ]
     fast_rate, ref_rate = cases[0]["msgs_per_s"], cases[-1]["msgs_per_s"]
+    by_case = {case["case"]: case["msgs_per_s"] for case in cases}
+    c_over_pure = {
+        "all columns": by_case["fast, all columns"] / by_case["pure, all columns"],
+        "connector columns": by_case["fast, connector columns"] / by_case["pure, connector columns"],
+        "scan_frame_offsets": by_case["scan_frame_offsets (CRC only)"] / by_case["pure scan_frame_offsets"],
+    }
     # The hot path as the connector calls it (C decoder plus its Python wrapper), untimed.
-    profile = profile_top(lambda: decode_frames(buf, columns=CONNECTOR_COLUMNS), top=10)
+    profile = profile_top(lambda: decode_frames(buf, columns=CONNECTOR_COLUMNS, _decoder=_fastdecode), top=10)
     return {
         "frames": frames,
         "buffer_bytes": len(buf),
         "payload_bytes": PAYLOAD_SIZE,
         "build_seconds": build_s,
         "repeat": repeat,
+        "pure_repeat": pure_repeat,
         "python": sys.version.split()[0],
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "load_average_1m": os.getloadavg()[0],
         "cases": cases,
         "ratio_fast_over_reference": fast_rate / ref_rate,
+        "ratio_c_over_pure": c_over_pure,
         "target_msgs_per_s": TARGET_MSGS_PER_S,
         "meets_target": fast_rate >= TARGET_MSGS_PER_S,
         "profile": {"case": "fast, connector columns, untimed", "tool": "cProfile", "top_own_time": profile},
@@ -152,6 +175,7 @@ def print_table(result: dict) -> None:
         print(f"{case['case']:<32} {case['frames_decoded']:>10,} {case['cpu_seconds']:>8.3f} "
               f"{case['msgs_per_s']:>12,.0f} {case['mb_per_s']:>9.1f} "
               f"{case['wall_msgs_per_s']:>12,.0f}")
+    print("C / pure decoder: " + ", ".join(f"{name} {ratio:.1f}x" for name, ratio in result["ratio_c_over_pure"].items()))
     print(f"fast / reference: {result['ratio_fast_over_reference']:.0f}x; "
           f"target {TARGET_MSGS_PER_S:,} msgs/s per core met: {result['meets_target']} "
           f"(1-minute load average {result['load_average_1m']:.1f} on {result['cpu_count']} CPUs)")
@@ -165,10 +189,11 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=1_000_000)
     parser.add_argument("--reference-frames", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--pure-repeat", type=int, default=3)
     args = parser.parse_args()
-    if args.frames < 1 or args.reference_frames < 1 or args.repeat < 1:
-        parser.error("--frames, --reference-frames and --repeat must be >= 1")
-    result = run(args.frames, args.reference_frames, args.repeat)
+    if min(args.frames, args.reference_frames, args.repeat, args.pure_repeat) < 1:
+        parser.error("--frames, --reference-frames, --repeat and --pure-repeat must be >= 1")
+    result = run(args.frames, args.reference_frames, args.repeat, args.pure_repeat)
     print_table(result)
     RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
     RESULTS_PATH.write_text(json.dumps(result, indent=2) + "\n")

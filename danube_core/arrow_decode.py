@@ -3,10 +3,13 @@
 This is the hot path of every reader (WAL replay, cloud objects, the Spark connector): a
 buffer of frames becomes one `pyarrow.RecordBatch` in a single pass of C code
 (`danube_core._fastdecode`) that checks every CRC, decodes every payload, validates UTF-8
-and writes Arrow buffers directly, without holding the GIL. `decode_frames_reference` does
-the same with the pure-Python codec (`danube_core.message.decode_message`); the tests
-cross-check the two on random messages, so the C code never becomes a second, diverging
-definition of the format.
+and writes Arrow buffers directly, without holding the GIL. Where that extension was not built
+(installed without a C compiler), `danube_core.pure_decode` does the same work with numpy,
+with the same results at a fraction of the rate (bench/README.md): which one runs is decided
+once, at import, and the fallback is logged once. `decode_frames_reference` does the same
+with the pure-Python codec (`danube_core.message.decode_message`); the tests cross-check both
+decoders against it on random messages, so neither becomes a second, diverging definition of
+the format.
 
 Neither decoder raises on bad data: they stop at the first partial, corrupt or undecodable
 frame and say where (`DecodedFrames.stop_reason`). Whether that is an error is the caller's
@@ -19,20 +22,13 @@ from __future__ import annotations
 import logging
 import zlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-try:
-    from danube_core import _fastdecode  # type: ignore[attr-defined]  # the compiled extension
-except ImportError as exc:  # a source checkout never built, or code shipped without the .so
-    raise ImportError(
-        "danube_core._fastdecode (the compiled frame decoder) is missing from "
-        f"{__file__.rsplit('/', 1)[0]}: install danube-spark with pip (it builds it; a C compiler is "
-        "needed, or install the prebuilt wheel), or run `python setup.py build_ext --inplace` in a "
-        "checkout; on a Spark cluster ship the installed package or wheel to the executors (README)"
-    ) from exc
+from danube_core import pure_decode
 from danube_core.errors import CorruptFrameError, PayloadDecodeError
 from danube_core.frames import (
     FRAME_HEADER,
@@ -46,6 +42,25 @@ from danube_core.frames import (
 from danube_core.message import StreamMessage, decode_message
 
 logger = logging.getLogger(__name__)
+
+# What a reader without the C decoder gives up (bench/README.md, "Decoding frames").
+PURE_DECODER_COST = "about a tenth of the C decoder's messages per CPU second"
+
+
+def _frame_decoder() -> ModuleType:
+    """The C decoder where it was built, else the pure one (said once, here)."""
+    try:
+        from danube_core import _fastdecode  # type: ignore[attr-defined]  # the compiled extension
+    except ImportError as exc:  # installed without a C compiler, or a checkout never built
+        logger.warning(
+            "danube_core._fastdecode (the C frame decoder) is not built (%s): decoding frames with "
+            "danube_core.pure_decode instead, same results at %s; install danube-spark with a C compiler "
+            "present, or its wheel, to get it back", exc, PURE_DECODER_COST)
+        return pure_decode
+    return _fastdecode
+
+
+FRAME_DECODER = _frame_decoder()
 
 STOP_DECODE = "decode"
 U64_MAX = 2**64 - 1
@@ -118,6 +133,7 @@ def decode_frames(
     max_frames: int | None = None,
     columns: Sequence[str] | None = None,
     _max_batch_bytes: int = MAX_BATCH_BYTES,
+    _decoder: ModuleType = FRAME_DECODER,
 ) -> DecodedFrames:
     """Decode the frames at the start of `buf` into one RecordBatch (zero-copy input).
 
@@ -128,13 +144,14 @@ def decode_frames(
     the position of `buf` in its file, added to `frame_pos` and `stop_pos`. A "decode" stop's
     detail is the Python codec's own error for that payload (found again on this cold path),
     so it reads exactly as the reference's. `_max_batch_bytes` exists for tests of the
-    int32-offset limit.
+    int32-offset limit, `_decoder` (`_fastdecode` or `pure_decode`) for tests and benchmarks
+    of each decoder.
     """
     names = _selected_columns(columns)
     _check_args(buf, base_pos, min_offset, max_offset, max_frames)
     want = sum(1 << _COLUMN_INDEX[name] for name in names)
     row_limit = -1 if max_frames is None else max_frames
-    rows, consumed, code, stop_rel, field, reason, cols = _fastdecode.decode(
+    rows, consumed, code, stop_rel, field, reason, cols = _decoder.decode(
         buf, base_pos, min_offset, max_offset, row_limit, want, _max_batch_bytes
     )
     arrays = [_fast_array(name, rows, cols[_COLUMN_INDEX[name]]) for name in names]
@@ -145,7 +162,7 @@ def decode_frames(
     if code == _C_STOP_DECODE:
         error = _reference_decode_error(view, stop_rel)
         if error is None:  # the two decoders disagree: a bug in one of them
-            logger.error("only the C decoder rejects the frame at byte %s", base_pos + stop_rel)
+            logger.error("only %s rejects the frame at byte %s", _decoder.__name__, base_pos + stop_rel)
             error = f"{field}: {reason}"
         return _decode_stop(batch, view, consumed, stop_rel, base_pos, error)
     return _stopped(batch, view, consumed, _C_STOP_REASONS[code], stop_rel, base_pos)
@@ -198,7 +215,7 @@ def decode_frames_reference(
 
 
 def scan_frame_offsets(
-    buf: bytes | bytearray | memoryview, base_pos: int = 0
+    buf: bytes | bytearray | memoryview, base_pos: int = 0, *, _decoder: ModuleType = FRAME_DECODER
 ) -> tuple[np.ndarray, np.ndarray, int, str]:
     """Header-only walk of the safe prefix (CRC checked, payloads not decoded).
 
@@ -206,7 +223,7 @@ def scan_frame_offsets(
     both arrays uint64; for planners, the uploader and offset indexes.
     """
     _check_args(buf, base_pos, 0, U64_MAX, None)
-    offsets, positions, count, consumed, code = _fastdecode.scan(buf, base_pos)
+    offsets, positions, count, consumed, code = _decoder.scan(buf, base_pos)
     return (
         np.frombuffer(offsets, dtype="<u8", count=count),
         np.frombuffer(positions, dtype="<u8", count=count),
@@ -264,7 +281,7 @@ def _byte_view(buf: bytes | bytearray | memoryview) -> memoryview:
 
 
 def _fast_array(name: str, rows: int, col: tuple[Any, ...]) -> pa.Array:
-    """Wrap the C module's buffers (already in Arrow layout) without copying them."""
+    """Wrap the decoder's buffers (already in Arrow layout) without copying them."""
     if name == "attributes":
         offsets, n_entries, key_offsets, key_data, value_offsets, value_data = col
         keys = pa.Array.from_buffers(

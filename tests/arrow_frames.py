@@ -1,16 +1,26 @@
-"""Frames for the Arrow decoder's tests: typical messages, their frames, and both decoders at once.
+"""Frames for the Arrow decoder's tests: typical messages, their frames, and every decoder at once.
 
-`decode_both` runs the C decoder and the pure-Python reference on the same bytes and requires
-identical results, so the C code can never drift from `danube_core.message`.
+`decode_both` runs each decoder this install has (the C one where it was built, and the
+pure one that replaces it elsewhere) and the pure-Python reference on the same bytes and
+requires identical results, so neither decoder can drift from `danube_core.message`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from types import ModuleType
 
+from danube_core import pure_decode
 from danube_core.arrow_decode import DecodedFrames, decode_frames, decode_frames_reference
 from danube_core.frames import encode_frame
 from danube_core.message import MessageID, StreamMessage, encode_message
+
+
+try:
+    from danube_core import _fastdecode as C_DECODER  # type: ignore[attr-defined]
+except ImportError:  # installed without a C compiler: the pure decoder alone is checked
+    C_DECODER = None
+DECODERS: list[ModuleType] = [d for d in (C_DECODER, pure_decode) if d is not None]
 
 
 def message(offset: int = 0, **changes) -> StreamMessage:
@@ -41,20 +51,26 @@ def raw_frame(offset: int, payload: bytes) -> bytes:
 
 
 def decode_both(buf, **kwargs) -> DecodedFrames:
-    """Decode with both decoders, require identical results, return the fast one."""
-    fast = decode_frames(buf, **kwargs)
+    """Decode with every decoder and the reference, require identical results, return the first decoder's."""
     ref = decode_frames_reference(buf, **kwargs)
+    results = [decode_frames(buf, **kwargs, _decoder=decoder) for decoder in DECODERS]
+    for decoder, fast in zip(DECODERS, results):
+        assert_same(fast, ref, decoder.__name__)
+    return results[0]
+
+
+def assert_same(fast: DecodedFrames, ref: DecodedFrames, label: str) -> None:
+    """The same rows (schema, values, validated buffers) and the same stop."""
     fast.batch.validate(full=True)
-    assert fast.batch.schema == ref.batch.schema
-    assert fast.batch.equals(ref.batch), (fast.batch.to_pylist(), ref.batch.to_pylist())
+    assert fast.batch.schema == ref.batch.schema, label
+    assert fast.batch.equals(ref.batch), (label, fast.batch.to_pylist(), ref.batch.to_pylist())
     assert (fast.consumed, fast.stop_reason, fast.stop_pos, fast.stop_detail, fast.stop_offset) == (
         ref.consumed,
         ref.stop_reason,
         ref.stop_pos,
         ref.stop_detail,
         ref.stop_offset,
-    )
-    return fast
+    ), label
 
 
 def expected_row(msg: StreamMessage, frame_pos: int) -> dict:

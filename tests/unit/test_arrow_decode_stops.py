@@ -9,11 +9,10 @@ import struct
 
 import pytest
 
-from danube_core import _fastdecode
 from danube_core.arrow_decode import MESSAGE_ARROW_SCHEMA, decode_frames
 from danube_core.errors import CorruptFrameError
 from danube_core.message import encode_message
-from tests.arrow_frames import decode_both, frame, frames, message, raw_frame
+from tests.arrow_frames import C_DECODER, decode_both, frame, frames, message, raw_frame
 
 U64_MAX = 2**64 - 1
 
@@ -120,9 +119,9 @@ def test_payload_defects_are_decode_stops(defect: str) -> None:
     assert (result.batch.num_rows, result.consumed) == (1, len(good))
     assert (result.stop_reason, result.stop_pos, result.stop_offset) == ("decode", 3 + len(good), 9)
     assert field in result.stop_detail
-    # the C decoder's own diagnosis (kept for the case where the two decoders disagree)
-    c_field = _fastdecode.decode(buf, 0, 0, U64_MAX, -1, 1, 2**31 - 1)[4]
-    assert c_field.startswith(field)
+    if C_DECODER is not None:  # the C decoder's own diagnosis (kept for the case where the decoders disagree)
+        c_field = C_DECODER.decode(buf, 0, 0, U64_MAX, -1, 1, 2**31 - 1)[4]
+        assert c_field.startswith(field)
     with pytest.raises(CorruptFrameError, match=field):
         result.raise_if_corrupt("object.dnb1")
 
