@@ -27,7 +27,7 @@ import hmac
 import logging
 import threading
 import time
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -37,6 +37,7 @@ from speedlayer.errors import (
     InvalidQueryError, InvalidRequestError, NotFoundError, QueryTimeoutError, ReplicaUnavailableError, SpeedLayerError,
     UnauthenticatedError,
 )
+from speedlayer.gateway.dictionary_columns import cast_to_values, dictionary_columns, refusal
 from speedlayer.gateway.flight_sql.auth import AUTH_MIDDLEWARE, AcceptingAuthHandler, BasicAuthMiddlewareFactory
 from speedlayer.gateway.flight_sql.service import FlightSqlService
 from speedlayer.gateway.routing import ReplicaEndpoint, Route, RoutingTable
@@ -146,9 +147,11 @@ class GatewayFlightServer(flight.FlightServerBase):
         return self._forward(route, request, limits, deadline)
 
     def relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
-              context: flight.ServerCallContext) -> Iterator[pa.RecordBatch]:
-        """`batches` sent on, counted in the gateway's query metrics, stopped if the caller cancels."""
-        return self._relay(batches, tenant, started, context)
+              context: flight.ServerCallContext,
+              translate: Callable[[SpeedLayerError], Exception] = to_flight) -> Iterator[pa.RecordBatch]:
+        """`batches` sent on, counted in the gateway's query metrics, stopped if the caller cancels;
+        an error while they stream raised as `translate` makes it (Flight SQL: its status codes)."""
+        return self._relay(batches, tenant, started, context, translate)
 
     def _run(self, tenant: str, request: QueryRequest, client_id: str) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         if not valid_id(request.dataset):
@@ -189,14 +192,23 @@ class GatewayFlightServer(flight.FlightServerBase):
         raise ReplicaUnavailableError(f"no replica of dataset {route.dataset!r} epoch {route.epoch} answered: "
                                       f"{'; '.join(failures)}")
 
-    def _ask(self, replica: ReplicaEndpoint, tenant: str, request: QueryRequest,
-             remaining_s: float) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
-        """Start the query on one replica and read up to the retry buffer of its answer."""
+    def _ask(self, replica: ReplicaEndpoint, tenant: str, request: QueryRequest, remaining_s: float,
+             cast: bool = False) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
+        """Start the query on one replica and read up to the retry buffer of its answer. An
+        answer with dictionary-encoded columns is asked for again with them cast to their
+        values (`dictionary_columns`, `cast`): its stream would not read, on any replica."""
         options = call_options(tenant, timeout_s=remaining_s + DEADLINE_SLACK_S)
         buffered: list[pa.RecordBatch] = []
         try:
             reader = self._client(replica.address).do_get(flight.Ticket(request.to_ticket()), options=options)
             schema = reader.schema
+            encoded = dictionary_columns(schema)
+            if encoded:
+                reader.cancel()
+                if cast:
+                    raise InvalidQueryError(refusal(encoded))
+                values = dataclasses.replace(request, sql=cast_to_values(request.sql, encoded))
+                return self._ask(replica, tenant, values, remaining_s, cast=True)
             size = 0
             while size <= self.config.retry_buffer_bytes:
                 try:
@@ -210,7 +222,8 @@ class GatewayFlightServer(flight.FlightServerBase):
         return schema, _chain(buffered, reader)
 
     def _relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
-               context: flight.ServerCallContext) -> Iterator[pa.RecordBatch]:
+               context: flight.ServerCallContext,
+               translate: Callable[[SpeedLayerError], Exception] = to_flight) -> Iterator[pa.RecordBatch]:
         outcome = "OK"
         try:
             for batch in batches:
@@ -220,7 +233,7 @@ class GatewayFlightServer(flight.FlightServerBase):
                 yield batch
         except SpeedLayerError as exc:
             outcome = exc.status_name
-            raise to_flight(exc) from exc
+            raise translate(exc) from None
         finally:
             GATEWAY_QUERIES.labels(tenant=tenant, outcome=outcome).inc()
             GATEWAY_QUERY_SECONDS.observe(time.perf_counter() - started)

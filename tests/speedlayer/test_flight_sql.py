@@ -40,8 +40,10 @@ def _write_orders(path: str, rows: int = 3000) -> None:
 
 @pytest.fixture(scope="module")
 def gateways(tmp_path_factory):
-    """{"plain", "tls", "mtls": host:port of three gateways (no TLS, results capped at 2000 rows;
-    TLS; TLS requiring client certificates, a 1 s query deadline), "ca", "cert",
+    """{"plain", "tls", "mtls", "streaming": host:port of four gateways (no TLS, results capped at
+    2000 rows; TLS; TLS requiring client certificates, a 1 s query deadline; results capped at 150,000
+    rows, more than a worker's first batches, and streamed past their first KiB, so a result over
+    its limit fails as it streams), "ca", "cert",
     "key": PEM files} of a cluster whose acme datasets `orders`
     (3000 rows) and `items` (30) are READY."""
     from tests.tls import make_certificates
@@ -67,9 +69,12 @@ def gateways(tmp_path_factory):
         mtls = cluster.start_gateway("g3", extra={"tokens": TOKENS, "tls_cert_file": certs.cert,
                                                   "tls_key_file": certs.key, "tls_client_ca_file": certs.ca_cert,
                                                   "query_timeout_ms": 1000})
+        streaming = cluster.start_gateway("g4", extra={"tokens": TOKENS, "max_result_rows": 150_000,
+                                                       "retry_buffer_bytes": 1024})
         with QueryClient(plain, "acme", token="s3cret") as native:
             eventually(lambda: _ready(native), deadline_s=30)
-        yield {"plain": plain, "tls": tls, "mtls": mtls, "ca": certs.ca_cert, "cert": certs.cert, "key": certs.key}
+        yield {"plain": plain, "tls": tls, "mtls": mtls, "streaming": streaming, "ca": certs.ca_cert,
+               "cert": certs.cert, "key": certs.key}
     except BaseException:
         print(cluster.dump_logs())
         raise
@@ -287,3 +292,76 @@ def test_query_client_and_cli_reach_a_tls_gateway_signed_by_a_private_ca(gateway
     assert capsys.readouterr().out.splitlines() == ['{"n": 3000}']
     assert query_cli.run(parser.parse_args([*common, "--ca-cert", ca + ".missing", "SELECT 1 FROM orders"])) == 1
     assert "cannot read it" in capsys.readouterr().err
+
+
+
+def _status_and_detail(error: Exception) -> str:
+    text = str(error)
+    assert "Traceback" not in text and ".py" not in text, text  # a message, never the gateway's internals
+    return text
+
+
+def test_flight_sql_errors_carry_their_message_and_status_never_a_traceback(gateways):
+    """Issue 41: every INVALID_ARGUMENT, NOT_FOUND and UNIMPLEMENTED carried "Detail: Python
+    exception: Traceback ... speedlayer/gateway/server.py", line 100"."""
+    with _connect(gateways["plain"]) as conn, conn.cursor() as cursor:
+        with pytest.raises(adbc_manager.Error, match="no_such_column") as caught:
+            cursor.execute("SELECT no_such_column FROM orders")  # refused at prepare (DoAction)
+        assert "INVALID_ARGUMENT" in _status_and_detail(caught.value)
+        with pytest.raises(adbc_manager.Error, match="'missing'") as caught:
+            cursor.execute("SELECT * FROM missing")
+        assert "NOT_FOUND" in _status_and_detail(caught.value)
+        with pytest.raises(adbc_manager.NotSupportedError, match="read-only") as caught:
+            cursor.adbc_ingest("orders", pa.table({"id": [1]}), mode="append")  # DoPut
+        assert "NOT_IMPLEMENTED" in _status_and_detail(caught.value)
+
+
+@pytest.mark.parametrize("gateway, limit, rows", [("plain", 2000, 3000), ("streaming", 150_000, 300_000)])
+def test_a_result_over_the_row_limit_is_invalid_argument_naming_the_limit_not_unknown(gateways, gateway, limit, rows):
+    """Issue 41: a result over the row limit streamed up to it and then failed as UNKNOWN, which a
+    client cannot tell from a network failure. On `plain` the worker finds it before answering,
+    on `streaming` while the rows stream (past the limit of 150,000, after its first batches)."""
+    sql = "SELECT a.id, b.id AS other FROM orders a, orders b LIMIT {}"
+    with _connect(gateways[gateway]) as conn, conn.cursor() as cursor:
+        with pytest.raises(adbc_manager.Error, match=f"max_rows={limit}") as caught:
+            cursor.execute(sql.format(rows))
+            cursor.fetch_arrow_table()
+        text = _status_and_detail(caught.value)
+        assert "INVALID_ARGUMENT" in text and "UNKNOWN" not in text, text
+        cursor.execute(sql.format(limit - 1))  # under the limit, also when streamed
+        assert cursor.fetch_arrow_table().num_rows == limit - 1
+
+
+def test_an_enum_result_round_trips_as_its_values(gateways):
+    """Issue 41: an ENUM column failed with "IPC stream did not have the expected number (1) of
+    dictionaries", sent as UNAVAILABLE (clients retry it) after marking the replicas suspect."""
+    with _connect(gateways["plain"]) as conn, conn.cursor() as cursor:
+        sql = "SELECT CAST(CASE WHEN id % 2 = 0 THEN 'a' ELSE 'b' END AS ENUM('a', 'b')) AS e, id FROM orders " \
+              "WHERE id < ? ORDER BY id"
+        cursor.execute(sql, parameters=(4,))
+        table = cursor.fetch_arrow_table()
+        assert table.to_pylist() == [{"e": e, "id": i} for i, e in enumerate("abab")]
+        assert table.schema.field("e").type == pa.string()
+        cursor.execute("SELECT 'a'::ENUM('a','b') AS e FROM orders LIMIT 1")
+        assert cursor.fetchall() == [("a",)]
+    with QueryClient(gateways["plain"], "acme", token="s3cret") as native:  # the native path too
+        assert native.query("orders", "SELECT 'b'::ENUM('a','b') AS e FROM orders LIMIT 1").to_pylist() == [{"e": "b"}]
+
+
+def test_result_and_table_schemas_carry_flight_sql_column_metadata(gateways):
+    """Issue 41: decimals reached JDBC without precision and scale, ADBC without xdbc_type_name."""
+    key = "ARROW:FLIGHT:SQL:"
+    with _connect(gateways["plain"]) as conn, conn.cursor() as cursor:
+        schema = cursor.adbc_execute_schema("SELECT CAST(amount AS DECIMAL(10, 2)) AS d, id FROM orders")
+        decimal = {k.decode(): v.decode() for k, v in schema.field("d").metadata.items()}
+        assert {decimal[key + k] for k in ("TYPE_NAME", "PRECISION", "SCALE")} == {"DECIMAL", "10", "2"}
+        assert decimal[key + "IS_READ_ONLY"] == "1"
+        assert schema.field("id").metadata[(key + "TYPE_NAME").encode()] == b"BIGINT"
+        cursor.execute("SELECT CAST(amount AS DECIMAL(10, 2)) AS d FROM orders WHERE id = ?", parameters=(3,))
+        table = cursor.fetch_arrow_table()
+        assert table.schema.field("d").metadata[(key + "PRECISION").encode()] == b"10"
+        assert [str(v) for v in table.column("d").to_pylist()] == ["1.50"]
+        objects = conn.adbc_get_objects(depth="all", table_name_filter="orders").read_all().to_pylist()
+        columns = objects[0]["catalog_db_schemas"][0]["db_schema_tables"][0]["table_columns"]
+        assert {c["column_name"]: c["xdbc_type_name"] for c in columns} == \
+            {"id": "BIGINT", "day": "VARCHAR", "amount": "DOUBLE"}

@@ -261,3 +261,33 @@ def test_a_join_started_early_is_pinned_to_every_epoch_and_not_served_after_a_ne
         assert [run[1:] for run in gateway.runs[before:]] == [(None, ("orders",), ())]
     finally:
         service.close()
+
+
+def test_dictionary_columns_are_asked_for_as_their_values_and_refused_by_name():
+    from speedlayer.gateway.dictionary_columns import cast_to_values, dictionary_columns, refusal
+
+    schema = pa.schema([("e", pa.dictionary(pa.int8(), pa.string())), ("id", pa.int64()),
+                        ('we"ird', pa.dictionary(pa.int16(), pa.string()))])
+    encoded = dictionary_columns(schema)
+    assert [f.name for f in encoded] == ["e", 'we"ird']
+    assert cast_to_values("SELECT * FROM t -- a comment", encoded) == (
+        'SELECT * REPLACE (CAST("e" AS VARCHAR) AS "e", CAST("we""ird" AS VARCHAR) AS "we""ird") '
+        "FROM (SELECT * FROM t -- a comment\n) AS speedlayer_values")
+    assert refusal(encoded).startswith("the result's column(s) 'e', 'we\"ird' are dictionary-encoded (an ENUM)")
+
+
+def test_flight_sql_statuses_name_their_type_not_a_traceback():
+    """Formatted by pyarrow (from native code) they name their type; from Python, as usual."""
+    import traceback
+
+    from speedlayer.errors import InvalidQueryError, NotFoundError, ReadOnlyError, ResultTooLargeError
+    from speedlayer.gateway.flight_sql.status import InvalidArgument, NotFound, Unimplemented, flight_sql_error
+
+    for error, cls in ((InvalidQueryError("bad"), InvalidArgument), (ResultTooLargeError("max_rows=5"), InvalidArgument),
+                       (NotFoundError("no 'x'"), NotFound), (ReadOnlyError("read-only"), Unimplemented)):
+        sent = flight_sql_error(error)
+        assert type(sent) is cls and str(sent) == str(error)  # NotFound: no KeyError quotes
+        try:
+            raise sent
+        except Exception as exc:
+            assert traceback.format_exception(type(exc), exc, exc.__traceback__)[-1].endswith(f"{str(error)}\n")

@@ -3,7 +3,7 @@
 
 The tree a BI tool shows is one catalog (`speedlayer`), one schema per tenant (the caller's
 own only) and one table per dataset of the tenant, each with the Arrow schema of its newest
-READY epoch. Filter patterns are SQL LIKE patterns (`%`, `_`, escaped with `\\`).
+READY epoch and Flight SQL's column metadata (`column_metadata`). Filter patterns are SQL LIKE patterns (`%`, `_`, escaped with `\\`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from speedlayer.gateway.flight_sql.column_metadata import described
 from speedlayer.gateway.flight_sql.statements import CATALOG
 
 TABLE_TYPE = "TABLE"
@@ -125,7 +126,8 @@ def tables(tenant: str, datasets: list[DatasetTable], *, catalog: str | None, sc
         row: dict[str, object] = {"catalog_name": CATALOG, "db_schema_name": tenant, "table_name": dataset.name,
                                   "table_type": TABLE_TYPE}
         if include_schema:
-            row["table_schema"] = (dataset.schema or pa.schema([])).serialize().to_pybytes()
+            schema = described(dataset.schema or pa.schema([]), (CATALOG, tenant, dataset.name))
+            row["table_schema"] = schema.serialize().to_pybytes()
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=TABLES_WITH_SCHEMA_SCHEMA if include_schema else TABLES_SCHEMA)
 

@@ -15,10 +15,12 @@ for its shape on that epoch (no parameter outside a filter), the FlightInfo is s
 with that schema and `DoGet` waits for the answer, so the worker's query overlaps the
 client's round trips. A complete answer is streamed by `DoGet` without Python per batch.
 
-Errors reach Flight SQL clients with the standard gRPC codes: a refused or malformed statement
-or command is INVALID_ARGUMENT, an unknown handle NOT_FOUND, writes and transactions
-UNIMPLEMENTED (read-only), and the rest as on the native path (UNAUTHENTICATED,
-PERMISSION_DENIED, UNAVAILABLE for a dataset with no READY epoch yet: retry, DEADLINE_EXCEEDED).
+Errors reach Flight SQL clients with the standard gRPC codes and their message, never a
+traceback (`status`): a refused or malformed statement or command, or a result over its limit,
+is INVALID_ARGUMENT, an unknown handle NOT_FOUND, writes and transactions UNIMPLEMENTED
+(read-only), and the rest as on the native path (UNAUTHENTICATED, PERMISSION_DENIED,
+UNAVAILABLE for a dataset with no READY epoch yet: retry, DEADLINE_EXCEEDED), also when the
+error comes while the answer streams.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from speedlayer.errors import (
 )
 from speedlayer.gateway.flight_sql import catalog
 from speedlayer.gateway.flight_sql.auth import SessionTokens, call_tenant
+from speedlayer.gateway.flight_sql.column_metadata import described
 from speedlayer.gateway.flight_sql.messages import (
     ACTION_CLOSE_PREPARED, ACTION_CREATE_PREPARED, READ_ONLY_ACTIONS, ReadOnlyError, UnsupportedCommandError, pack,
     unpack, unpack_as,
@@ -47,9 +50,10 @@ from speedlayer.gateway.flight_sql.held import (
 )
 from speedlayer.gateway.flight_sql.parameters import merged, parameter_literals, parameter_schema, same_kind
 from speedlayer.gateway.flight_sql.statements import Statement, analyse
+from speedlayer.gateway.flight_sql.status import flight_sql_error
 from speedlayer.gateway.routing import RoutingTable
 from speedlayer.observability.metrics import GATEWAY_QUERIES, GATEWAY_QUERY_SECONDS
-from speedlayer.protocol.query import CLIENT_HEADER, call_headers, to_flight
+from speedlayer.protocol.query import CLIENT_HEADER, call_headers
 
 logger = logging.getLogger(__name__)
 
@@ -72,19 +76,8 @@ class StatementRunner(Protocol):
                 ) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
 
     def relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
-              context: flight.ServerCallContext) -> Iterator[pa.RecordBatch]: ...
-
-
-def flight_sql_error(error: SpeedLayerError) -> Exception:
-    """The exception that gives a Flight SQL client the standard status for `error`."""
-    message = str(error)
-    if error.status_name == "INVALID_ARGUMENT":
-        return pa.ArrowInvalid(message)
-    if error.status_name == "UNIMPLEMENTED":
-        return pa.ArrowNotImplementedError(message)
-    if error.status_name == "NOT_FOUND":
-        return pa.ArrowKeyError(message)
-    return to_flight(error)
+              context: flight.ServerCallContext,
+              translate: Callable[[SpeedLayerError], Exception]) -> Iterator[pa.RecordBatch]: ...
 
 
 def _translated(method: Callable[..., T]) -> Callable[..., T]:
@@ -95,8 +88,6 @@ def _translated(method: Callable[..., T]) -> Callable[..., T]:
         except SpeedLayerError as exc:
             GATEWAY_QUERIES.labels(tenant="?", outcome=exc.status_name).inc()
             logger.info("Flight SQL call refused or failed: %s", exc)
-            # pyarrow sends a non-Flight exception's traceback as the status detail: without the
-            # cause chain, that is this frame and the server's, not the gateway's internals.
             raise flight_sql_error(exc) from None
     return call
 
@@ -121,8 +112,10 @@ class FlightSqlService:
         tenant, client_id = self._caller(context)
         command = unpack(descriptor.command or b"", "GetFlightInfo")
         schema, batches, is_statement = self._answer(tenant, client_id, command)
-        if is_statement and not isinstance(batches, Later):
-            batches = Streamed(batches)
+        if is_statement:
+            schema = described(schema)
+            if not isinstance(batches, Later):
+                batches = Streamed(batches)
         handle = self.pending.put(tenant, schema, batches)  # refused: released there
         ticket = pack(sql_pb2.TicketStatementQuery(statement_handle=handle))
         return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1)
@@ -132,10 +125,10 @@ class FlightSqlService:
         tenant, client_id = self._caller(context)
         command = unpack(descriptor.command or b"", "GetSchema")
         if isinstance(command, sql_pb2.CommandStatementQuery):
-            return flight.SchemaResult(self._probe_schema(tenant, client_id, analyse(command.query, tenant)))
+            return flight.SchemaResult(described(self._probe_schema(tenant, client_id, analyse(command.query, tenant))))
         if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self.prepared.get(tenant, command.prepared_statement_handle)
-            return flight.SchemaResult(self._probe_schema(tenant, client_id, prepared.statement))
+            return flight.SchemaResult(described(self._probe_schema(tenant, client_id, prepared.statement)))
         return flight.SchemaResult(self._metadata(tenant, client_id, command).schema)
 
     @_translated
@@ -151,7 +144,8 @@ class FlightSqlService:
                 GATEWAY_QUERIES.labels(tenant=tenant, outcome="OK").inc()
                 GATEWAY_QUERY_SECONDS.observe(time.perf_counter() - started)
                 return flight.RecordBatchStream(pa.Table.from_batches(batches.batches, schema))
-            return flight.GeneratorStream(schema, self.gateway.relay(batches.batches, tenant, started, context))
+            return flight.GeneratorStream(schema, self.gateway.relay(batches.batches, tenant, started, context,
+                                                                     flight_sql_error))
         return flight.GeneratorStream(schema, batches)
 
     @_translated
@@ -269,7 +263,7 @@ class FlightSqlService:
         if not statement.parameter_count:  # nothing to bind: it can start now
             self._run_ahead(tenant, client_id, handle, self.prepared.get(tenant, handle))
         return sql_pb2.ActionCreatePreparedStatementResult(
-            prepared_statement_handle=handle, dataset_schema=result_schema.serialize().to_pybytes(),
+            prepared_statement_handle=handle, dataset_schema=described(result_schema).serialize().to_pybytes(),
             parameter_schema=parameter_schema(statement, columns).serialize().to_pybytes())
 
     # ---- statements started ahead -----------------------------------------------------------
