@@ -17,6 +17,7 @@ from speedlayer.records import Announcement, AssignmentRecord
 from console.message_view import MessageRow, PayloadDecoder
 from console.metrics_scrape import Scrape, histogram_quantile
 from console.pipelines_view import PipelineFile, TableLog, read_batches, reasons_total, source_topics
+from console.quarantine_view import DECODE_REASON, decode_errors, with_decode_errors
 from console.services import ConsoleServices
 from console.topics import KeyReader, PartitionRow, SubscriptionRow, TopicRow
 
@@ -151,13 +152,20 @@ def newest_epoch(services: ConsoleServices, cache: KeyReader, tenant: str, datas
 
 def pipeline_detail(services: ConsoleServices, cache: KeyReader | None, file: PipelineFile) -> PipelineDetail:
     """The summary and the tail of the target's Delta log: one log tail per request, which
-    holds the batches' counts, reasons and durations (`console.pipelines_view`)."""
+    holds the batches' counts, reasons and durations (`console.pipelines_view`); when those
+    batches had payloads that did not decode, their errors from the quarantine table
+    (`console.quarantine_view`)."""
     assert file.config is not None
     config = file.config
     options = dict(config.speedlayer.storage_options) if config.speedlayer is not None else {}
     log = read_batches(config, services.config.page_batches, options)
     reasons, unexplained = reasons_total(log.batches)
     problems = [log.problem] if log.problem else []
+    decoding = [b.batch_id for b in log.batches if (b.quarantined_by_reason or {}).get(DECODE_REASON)]
+    if decoding:
+        errors = decode_errors(config.quarantine.path, config.name, decoding, options)
+        reasons = with_decode_errors(reasons, errors)
+        problems += [errors.problem] if errors.problem else []
     return PipelineDetail(pipeline_summary(services, cache, file), log, reasons, unexplained, problems)
 
 

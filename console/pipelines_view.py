@@ -5,8 +5,9 @@ reason, duration), its cursors against the topic heads, and its speed-layer anno
 Batches come from the commits' `userMetadata` the sink writes (`pipelines.delta_sink.
 commit_metadata`: pipeline, batch id, offsets, `counts` of rows in / to the target / to the
 quarantine and by reason, `started_ms`), read with delta-rs (`history(limit)`: the newest
-commit files only, no Spark). That one log tail is all a pipeline page reads besides etcd: the
-quarantine table is not opened. A batch's duration is its commit's timestamp minus its
+commit files only, no Spark). That one log tail is all a pipeline page reads besides etcd,
+unless its batches had payloads that did not decode (their errors: `console.quarantine_view`).
+A batch's duration is its commit's timestamp minus its
 `started_ms` (decode, validation and the writes; the cursor commit and the announcement come
 after). Commits written before those fields existed show "—" for what they lack. A batch whose
 rows were all quarantined has no commit in the target, so it is not listed.

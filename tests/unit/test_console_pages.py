@@ -382,7 +382,7 @@ def commit(location: str, meta: dict) -> None:
                     commit_properties=CommitProperties(custom_metadata={"userMetadata": json.dumps(meta)}))
 
 
-def test_pipeline_page_reads_counts_reasons_and_durations_from_the_target_log_only(platform, tmp_path, monkeypatch):
+def test_pipeline_page_reads_counts_reasons_and_durations_from_the_target_log(platform, tmp_path, monkeypatch):
     import time
 
     import deltalake
@@ -412,8 +412,9 @@ def test_pipeline_page_reads_counts_reasons_and_durations_from_the_target_log_on
     monkeypatch.setattr(deltalake, "DeltaTable", lambda location, *a, **k: opened.append(location) or real(location, *a, **k))
     page = client_for(metadata, store, pipelines=(file,)).get("/pipelines/orders")
     assert page.status_code == 200, page.text
-    assert opened == [target]  # one Delta log tail: the quarantine table is never opened
-    assert "unreadable" not in page.text
+    # the target's log tail, then the quarantine table for batch 1's decode failure (never written here)
+    assert opened == [target, str(tmp_path / "lake" / "never-written")]
+    assert f"quarantine table {tmp_path / 'lake' / 'never-written'} unreadable" in page.text
 
     assert cell(page.text, "data-batch", "2", "rows-quarantined") == "1"
     assert cell(page.text, "data-batch", "1", "rows-written") == "7"
@@ -423,6 +424,36 @@ def test_pipeline_page_reads_counts_reasons_and_durations_from_the_target_log_on
     assert cell(page.text, "data-reason", "expect_column_values_to_be_between(amount)", "count") == "3"
     assert cell(page.text, "data-reason", "decode", "count") == "1"
     assert 'id="unexplained">1 of these batches' in page.text
+
+
+def test_pipeline_page_splits_decode_failures_by_the_errors_in_the_quarantine_table(platform, tmp_path):
+    """Issue 41: "decode: 10" where the quarantine table held two reasons."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from pipelines.delta_sink import commit_metadata
+    from pipelines.metrics import OffsetSpan
+
+    metadata, store, _ = platform
+    file = pipeline_file(tmp_path)
+    target, quarantine = str(tmp_path / "lake" / "orders"), str(tmp_path / "lake" / "never-written")
+    spans = {"/default/orders-part-0": OffsetSpan(0, 20, 20, ())}
+    for batch_id, reasons in ((4, {"decode": 10, "amount_positive": 1}), (5, {})):
+        quarantined = sum(reasons.values())
+        commit(target, json.loads(commit_metadata(
+            "orders", batch_id, spans, counts={"valid": 20 - quarantined, "decode": reasons.get("decode", 0),
+                                               "expectations": reasons.get("amount_positive", 0)},
+            reasons=reasons, started_ms=1)))
+    errors = ["not JSON: Expecting value"] * 7 + ["does not match its schema: order_id is required"] * 3
+    write_deltalake(quarantine, pa.table({
+        "_pipeline": ["orders"] * 11 + ["other"], "_batch_id": pa.array([4] * 11 + [4], pa.int64()),
+        "_decode_error": [*errors, None, "from another pipeline"]}))
+    page = client_for(metadata, store, pipelines=(file,)).get("/pipelines/orders")
+    assert page.status_code == 200, page.text
+    assert cell(page.text, "data-reason", "decode: not JSON: Expecting value", "count") == "7"
+    assert cell(page.text, "data-reason", "decode: does not match its schema: order_id is required", "count") == "3"
+    assert cell(page.text, "data-reason", "amount_positive", "count") == "1"
+    assert 'data-reason="decode"' not in page.text  # every decode failure explained
 
 
 def test_pipelines_page_sets_cursors_against_heads_and_the_announcement_against_the_epoch(platform, tmp_path):
