@@ -70,7 +70,7 @@ def live(spark, tmp_path_factory):
             driver = _browser(chromium, chromedriver)
             try:
                 yield {"stack": stack, "config": config, "topic": topic, "epoch": epoch, "key_root": key_root,
-                       "console": console, "driver": driver, "layer": layer}
+                       "console": console, "driver": driver, "layer": layer, "subject": subject}
             finally:
                 driver.quit()
                 console.stop()
@@ -205,3 +205,24 @@ def test_brokers_page_and_refused_action(live, tmp_path):
     assert "wrong action token" in field(live, "#problems")
     with EtcdMetadataStore(live["stack"].etcd_endpoint) as metadata:
         assert metadata.get(SpeedLayerKeys(live["key_root"]).drain("demo", "w1")) is None  # nothing changed
+
+
+def test_a_stopped_pipelines_lag_counts_what_was_published_since_wal_included(live, tmp_path):
+    """Issue 41: after the pipeline stopped, orders published since showed "lag messages 0" on
+    the topic page (the data source's last record) while /pipelines said behind; offsets only in
+    the WAL counted as 0. Runs last: it publishes past what the other tests read."""
+    topic, config = live["topic"], live["config"]
+    publish(live["stack"], topic, 10, schema_subject=live["subject"])  # offsets 60..69, in the WAL
+    sub = f'tr[data-subscription="{topic}|{config.source.subscription}"]'
+
+    def behind_on_the_topic_page() -> bool:
+        load(live, f"/topics{topic}", "topic-behind", tmp_path)
+        return field(live, f'{sub} [data-field="lag-messages"]').startswith("10")
+
+    eventually(behind_on_the_topic_page, deadline_s=30)
+    assert field(live, f'{sub} [data-field="head"]') == str(MESSAGES + 9)
+    assert field(live, f'{sub} [data-field="recorded-messages"]') == "0"  # what the query last wrote, shown beside
+    load(live, "/pipelines", "pipelines-behind", tmp_path)
+    assert field(live, f'[data-pipeline="{config.name}"] [data-field="behind"]') == "10"
+    # the chart's samples (every 0.5 s here) reach the same figure
+    eventually(lambda: live["console"].services.lag_history.series(topic, config.source.subscription)[-1][1] == 10)
