@@ -832,9 +832,17 @@ typedef struct {
     int mapped;
 } BufferObject;
 
+/* A heap type (PyType_FromSpec) rather than a static PyTypeObject: the same source then
+ * builds against the limited API of 3.11+ (setup.py, DANUBE_LIMITED_API), whose buffer
+ * protocol slots exist only through type specs. Its instances hold a reference to it. */
+static PyTypeObject *BufferType;
+
 static void Buffer_dealloc(BufferObject *self) {
+    PyTypeObject *type = Py_TYPE((PyObject *)self);
+    freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
     bytes_free(self->data, self->cap, self->mapped);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    tp_free((PyObject *)self);
+    Py_DECREF((PyObject *)type);
 }
 
 static int Buffer_getbuffer(BufferObject *self, Py_buffer *view, int flags) {
@@ -843,18 +851,20 @@ static int Buffer_getbuffer(BufferObject *self, Py_buffer *view, int flags) {
 
 static Py_ssize_t Buffer_len(BufferObject *self) { return self->len; }
 
-static PyBufferProcs Buffer_as_buffer = {(getbufferproc)Buffer_getbuffer, NULL};
-static PySequenceMethods Buffer_as_sequence = {.sq_length = (lenfunc)Buffer_len};
+static PyType_Slot Buffer_slots[] = {
+    {Py_tp_doc, (void *)"Read-only bytes produced by the decoder; export it with the buffer protocol."},
+    {Py_tp_dealloc, (void *)Buffer_dealloc},
+    {Py_bf_getbuffer, (void *)Buffer_getbuffer},
+    {Py_sq_length, (void *)Buffer_len},
+    {0, NULL},
+};
 
-static PyTypeObject BufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "danube_core._fastdecode.Buffer",
-    .tp_doc = "Read-only bytes produced by the decoder; export it with the buffer protocol.",
-    .tp_basicsize = sizeof(BufferObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_dealloc = (destructor)Buffer_dealloc,
-    .tp_as_buffer = &Buffer_as_buffer,
-    .tp_as_sequence = &Buffer_as_sequence,
+static PyType_Spec Buffer_spec = {
+    .name = "danube_core._fastdecode.Buffer",
+    .basicsize = sizeof(BufferObject),
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = Buffer_slots,
 };
 
 /* Hand the GBuf's memory to a new Buffer (trimmed to size); the GBuf is left empty. */
@@ -864,7 +874,7 @@ static PyObject *take_buffer(GBuf *b) {
         if (!b->p) return PyErr_NoMemory();
         b->cap = 1;
     }
-    BufferObject *obj = PyObject_New(BufferObject, &BufferType);
+    BufferObject *obj = PyObject_New(BufferObject, BufferType);
     if (!obj) return NULL;
 #ifdef USE_MMAP
     if (b->mapped && b->cap > PAGE_ROUND(b->len) + MMAP_MIN / 4 && b->len) {
@@ -916,9 +926,9 @@ static PyObject *column_result(Columns *c, int i) {
         Py_XDECREF(b);
         return NULL;
     }
-    PyList_SET_ITEM(buffers, 0, validity);
-    PyList_SET_ITEM(buffers, 1, a);
-    if (b) PyList_SET_ITEM(buffers, 2, b);
+    PyList_SetItem(buffers, 0, validity);
+    PyList_SetItem(buffers, 1, a);
+    if (b) PyList_SetItem(buffers, 2, b);
     res = Py_BuildValue("(Nn)", buffers, (Py_ssize_t)c->null_count[i]);
     return res;
 }
@@ -946,7 +956,7 @@ static PyObject *columns_result(Columns *c, unsigned want) {
             Py_DECREF(out);
             return NULL;
         }
-        PyTuple_SET_ITEM(out, i, item);
+        PyTuple_SetItem(out, i, item);
     }
     return out;
 }
@@ -1080,12 +1090,13 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__fastdecode(void) {
     PyObject *m;
     crc_init();
-    if (PyType_Ready(&BufferType) < 0) return NULL;
+    BufferType = (PyTypeObject *)PyType_FromSpec(&Buffer_spec);
+    if (!BufferType) return NULL;
     m = PyModule_Create(&module);
     if (!m) return NULL;
-    Py_INCREF(&BufferType);
-    if (PyModule_AddObject(m, "Buffer", (PyObject *)&BufferType) < 0) {
-        Py_DECREF(&BufferType);
+    Py_INCREF((PyObject *)BufferType);
+    if (PyModule_AddObject(m, "Buffer", (PyObject *)BufferType) < 0) {
+        Py_DECREF((PyObject *)BufferType);
         Py_DECREF(m);
         return NULL;
     }
