@@ -420,30 +420,50 @@ def _keep_last_value_per_key(msgs: _Messages) -> None:
     """Dict semantics for duplicate keys within a message: first position, last value."""
     counts = msgs.attr_counts[: msgs.rows]
     total = int(counts.sum())
-    if not (counts > 1).any():
-        msgs.attr_counts, msgs.keys, msgs.values = counts, msgs.keys.head(total), msgs.values.head(total)
+    msgs.attr_counts, msgs.keys, msgs.values = counts, msgs.keys.head(total), msgs.values.head(total)
+    first = np.cumsum(counts) - counts
+    rows = _rows_with_duplicate_keys(msgs, counts, first)
+    if not rows.size:
         return
-    entry_rows = np.repeat(np.arange(msgs.rows), counts)
-    keys = msgs.binary("keys", msgs.keys.head(total))
-    groups = pa.table({"row": entry_rows, "key": keys}).group_by(["row", "key"]).aggregate([([], "count_all")])
     keep = np.ones(total, dtype=bool)
-    key_start, value_start, value_length = msgs.keys.start, msgs.values.start.copy(), msgs.values.length.copy()
-    if groups.num_rows < total:
-        dup_rows = groups.filter(pc.greater(groups["count_all"], 1))["row"].to_numpy()
-        first = np.cumsum(counts) - counts
-        for row in np.unique(dup_rows).tolist():
-            seen: dict[bytes, int] = {}
-            for e in range(int(first[row]), int(first[row] + counts[row])):
-                key = bytes(msgs.view[key_start[e]:key_start[e] + msgs.keys.length[e]])
-                if key in seen:
-                    value_start[seen[key]], value_length[seen[key]] = value_start[e], value_length[e]
-                    keep[e] = False
-                else:
-                    seen[key] = e
-        msgs.gathered.pop("keys", None), msgs.gathered.pop("values", None)
-    msgs.attr_counts = np.bincount(entry_rows[keep], minlength=msgs.rows).astype(np.int64)
-    msgs.keys = _Spans(msgs.keys.start[:total][keep], msgs.keys.length[:total][keep])
-    msgs.values = _Spans(value_start[:total][keep], value_length[:total][keep])
+    keys, value_start, value_length = msgs.keys, msgs.values.start.copy(), msgs.values.length.copy()
+    for row in rows.tolist():
+        seen: dict[bytes, int] = {}
+        for e in range(int(first[row]), int(first[row] + counts[row])):
+            key = bytes(msgs.view[keys.start[e]:keys.start[e] + keys.length[e]])
+            if key in seen:
+                value_start[seen[key]], value_length[seen[key]] = value_start[e], value_length[e]
+                keep[e] = False
+            else:
+                seen[key] = e
+    msgs.gathered.pop("keys", None), msgs.gathered.pop("values", None)
+    msgs.attr_counts = np.bincount(np.repeat(np.arange(msgs.rows), counts)[keep], minlength=msgs.rows)
+    msgs.keys = _Spans(keys.start[keep], keys.length[keep])
+    msgs.values = _Spans(value_start[keep], value_length[keep])
+
+
+def _rows_with_duplicate_keys(msgs: _Messages, counts: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """The messages (ascending) in which an attribute key appears more than once.
+
+    Two entries (the usual case beyond one) are compared directly, lengths first; messages with
+    more are grouped by (message, key) in Arrow.
+    """
+    found = [np.zeros(0, dtype=np.int64)]
+    pairs = np.flatnonzero(counts == 2)
+    same_length = pairs[msgs.keys.length[first[pairs]] == msgs.keys.length[first[pairs] + 1]]
+    if same_length.size:
+        keys = msgs.binary("keys", msgs.keys)
+        equal = pc.equal(keys.take(first[same_length]), keys.take(first[same_length] + 1))
+        found.append(same_length[equal.to_numpy(zero_copy_only=False)])
+    more = np.flatnonzero(counts > 2)
+    if more.size:
+        keys = msgs.binary("keys", msgs.keys)
+        sizes = counts[more]
+        entries = np.repeat(first[more] - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()))
+        table = pa.table({"row": np.repeat(more, sizes), "key": keys.take(entries)})
+        groups = table.group_by(["row", "key"]).aggregate([([], "count_all")])
+        found.append(groups.filter(pc.greater(groups["count_all"], 1))["row"].to_numpy())
+    return np.unique(np.concatenate(found))
 
 
 # ---------------------------------------------------------------------------------------
