@@ -217,22 +217,34 @@ class _Cursor:
         pos, end = self._at(rows)
         present = pos < end
         first = self.data[np.minimum(pos, self.last)]
+        failed = ~present
+        wide = present & (first > 250)
+        if not wide.any():  # lengths, counts, small numbers: one byte each
+            self._advance(rows, np.minimum(pos + 1, end), failed)
+            return first.astype(np.uint64)
+        size = _WIDE_VARINTS.get(int(first[0]), 0)
+        if size and wide.all() and (first == first[0]).all():  # one form throughout (ids, times)
+            fits = (size * 8 <= bits) & (end - pos > size)
+            values = self.wide[size][np.minimum(pos + 1, len(self.wide[size]) - 1)]
+            self._advance(rows, np.where(fits, pos + size + 1, end), ~fits)
+            return values.astype(np.uint64)
+        return self._mixed_varint(rows, bits, pos, end, first, failed, np.flatnonzero(wide))
+
+    def _mixed_varint(self, rows, bits: int, pos: np.ndarray, end: np.ndarray, first: np.ndarray,
+                      failed: np.ndarray, wide: np.ndarray) -> np.ndarray:
         values = first.astype(np.uint64)
         step = np.ones(len(pos), dtype=np.int64)
-        failed = ~present
-        wide = np.flatnonzero(present & (first > 250))
-        if wide.size:
-            marker = first[wide]
-            width = np.zeros(wide.size, dtype=np.int64)
-            for code, size in _WIDE_VARINTS.items():
-                width[marker == code] = size
-            fits = (width > 0) & (width * 8 <= bits) & (end[wide] - pos[wide] > width)
-            failed[wide[~fits]] = True
-            for size, view in self.wide.items():
-                sel = wide[fits & (width == size)]
-                if sel.size:
-                    values[sel] = view[pos[sel] + 1]
-                    step[sel] = size + 1
+        marker = first[wide]
+        width = np.zeros(wide.size, dtype=np.int64)
+        for code, size in _WIDE_VARINTS.items():
+            width[marker == code] = size
+        fits = (width > 0) & (width * 8 <= bits) & (end[wide] - pos[wide] > width)
+        failed[wide[~fits]] = True
+        for size, view in self.wide.items():
+            sel = wide[fits & (width == size)]
+            if sel.size:
+                values[sel] = view[pos[sel] + 1]
+                step[sel] = size + 1
         self._advance(rows, np.minimum(pos + step, end), failed)
         return values
 
