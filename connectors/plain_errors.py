@@ -25,8 +25,8 @@ from types import FrameType
 from typing import Any, Callable, Iterator, NoReturn, TypeVar, cast
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
+from connectors.spark_compat import ReadLimit, SupportsTriggerAvailableNow
 from danube_core.errors import ConfigError
 
 # Modules of the PySpark processes that run a data source's code and report its errors to the
@@ -105,7 +105,7 @@ class FailedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         self._raise()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         self._raise()
 
     def getDefaultReadLimit(self) -> ReadLimit:

@@ -74,9 +74,9 @@ def spark_schema(include_source: bool) -> StructType:
 @lru_cache(maxsize=2)
 def arrow_schema(include_source: bool) -> pa.Schema:
     """The Arrow schema Spark requires from `read()` for `spark_schema(include_source)`."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from connectors.spark_compat import arrow_schema_of
 
-    return to_arrow_schema(spark_schema(include_source), timezone="UTC")
+    return arrow_schema_of(spark_schema(include_source))
 
 
 def to_spark_batch(raw: pa.RecordBatch, topic: str, source: str | None) -> pa.RecordBatch:

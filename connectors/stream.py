@@ -40,7 +40,17 @@ import time
 from typing import TYPE_CHECKING, Iterator, Mapping
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
+
+from connectors.batch import MissingTopics, new_catalog, topics_of
+from connectors.lag import measure_lag
+from connectors.partitions import plan_partitions, read_partition
+from connectors.offsets import SourceOffset, cap_at, message_counts, resolve_start, with_new_topics
+from connectors.options import DanubeOptions
+from danube_core.errors import ConfigError
+from connectors.plain_errors import plain_config_errors, plain_iteration
+from connectors.query_scope import PLAN_WINDOW_OBJECTS
+from connectors.spark_compat import (
+    ADMISSION_CONTROL,
     ReadAllAvailable,
     ReadLimit,
     ReadMaxBytes,
@@ -48,14 +58,6 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
     SupportsTriggerAvailableNow,
 )
-
-from connectors.batch import MissingTopics, new_catalog, topics_of
-from connectors.lag import measure_lag
-from connectors.partitions import plan_partitions, read_partition
-from connectors.offsets import SourceOffset, cap_at, message_counts, resolve_start, with_new_topics
-from connectors.options import DanubeOptions
-from connectors.plain_errors import plain_config_errors, plain_iteration
-from connectors.query_scope import PLAN_WINDOW_OBJECTS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -140,11 +142,18 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: DanubeOptions) -> None:
         options.require_stream()
+        if not ADMISSION_CONTROL:
+            _refuse_trigger_limits(options)
         self.options = options
         self._state: _DriverState | None = None
+        self._initial: dict | None = None
+        # Spark 4.0/4.1 call `latestOffset()` without the batch's start: the stream keeps it,
+        # the end of the last batch it returned or was asked to plan (a restarted query's
+        # replayed or latest-seen batch arrives through `partitions`).
+        self._own_start: dict | None = None
 
     def __getstate__(self) -> dict:
-        return {"options": self.options, "_state": None}
+        return {"options": self.options, "_state": None, "_initial": None, "_own_start": None}
 
     # ---- driver side ----------------------------------------------------------------------
 
@@ -162,6 +171,15 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @plain_config_errors
     def initialOffset(self) -> dict:
+        """Where a query without a checkpoint starts; resolved once, so each of Spark's calls
+        gets the same (Spark 4.0/4.1 ask `latestOffset()` first and this only afterwards)."""
+        if self._initial is None:
+            self._initial = self._resolve_initial()
+        if self._own_start is None:
+            self._own_start = self._initial
+        return self._initial
+
+    def _resolve_initial(self) -> dict:
         state = self._driver()
         topics = state.topics(self.options)
         starting = self.options.starting_for(streaming=True)
@@ -191,7 +209,21 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         logger.info("Trigger.AvailableNow: subscription %s reads up to %s", self.options.subscription, state.target)
 
     @plain_config_errors
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        """The end of the next batch. Spark 4.2+ passes the batch's start and read limit; 4.0 and
+        4.1 pass neither (`connectors.spark_compat`): the batch then starts where the last one
+        ended and reads everything available, since one of those calls may be the only batch of
+        a Trigger.AvailableNow run."""
+        if start is None:
+            # Before any batch of this process: a restarted query's position arrives through
+            # `partitions` (Spark's latest-seen offset), a new query's is its initial offset.
+            begin = self._own_start if self._own_start is not None else self.initialOffset()
+            self._own_start = self._latest_offset(begin, ReadAllAvailable(), window_objects=None)
+            return self._own_start
+        assert limit is not None
+        return self._latest_offset(start, limit, window_objects=PLAN_WINDOW_OBJECTS)
+
+    def _latest_offset(self, start: dict, limit: ReadLimit, window_objects: int | None) -> dict:
         state = self._driver()
         self._commit_finished_batch(state, SourceOffset.from_json_dict(start))
         state.catalog.hold_heads()  # one view of each topic for this trigger, `partitions` included
@@ -205,7 +237,8 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = {**begin, **cap_at(latest, state.target)}
         # A batch plans at most a window of objects per topic: a stream far behind on a long
         # history holds and plans a bounded part of it per trigger, not the whole backlog.
-        window = {t: state.catalog.window_end(t, begin[t], e, PLAN_WINDOW_OBJECTS) for t, e in latest.items()}
+        window = (dict(latest) if window_objects is None else
+                  {t: state.catalog.window_end(t, begin[t], e, window_objects) for t, e in latest.items()})
         snapshots = state.catalog.snapshots({t: max(0, min(begin[t], e) - 1) for t, e in window.items()}, window)
         self._report_restarts(state, begin, snapshots)
         self._report_lag(state, begin, latest, window, snapshots)
@@ -373,6 +406,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         stop = end_offset.positions
         begin = with_new_topics(SourceOffset.from_json_dict(start).positions, stop, state.catalog)
         state.running_end = dict(stop)  # committed when Spark plans the next batch from it
+        self._own_start = end
         partitions = plan_partitions(state.catalog, self.options, begin, stop, state.skipped, recheck=state.etcd_catalog)
         if self.options.lost_offsets_location is None or self.options.fail_on_data_loss:
             return list(partitions)
@@ -401,6 +435,24 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
         return plain_iteration(read_partition(partition, self.options.include_source))
+
+
+def _refuse_trigger_limits(options: DanubeOptions) -> None:
+    """Spark 4.0/4.1 give a Python stream no read limit and run Trigger.AvailableNow as one batch
+    (`connectors.spark_compat`): a cap applied by the source would end such a run early and
+    read the rest never, so a per-trigger limit is refused rather than ignored."""
+    from connectors import options as names
+    from connectors.spark_compat import ADMISSION_CONTROL_SINCE, SPARK_VERSION
+
+    limits = {names.MAX_MESSAGES_PER_TRIGGER: (options.max_messages_per_trigger, " (or maxOffsetsPerTrigger)"),
+              names.MAX_BYTES_PER_TRIGGER: (options.max_bytes_per_trigger, ""),
+              names.MIN_MESSAGES_PER_TRIGGER: (options.min_messages_per_trigger, " (or minOffsetsPerTrigger)")}
+    for key, (value, alias) in limits.items():
+        if value is not None:
+            raise ConfigError(
+                f"option {key!r}{alias} needs Spark {ADMISSION_CONTROL_SINCE} or later, which lets a Python "
+                f"stream limit its batches; this is Spark {SPARK_VERSION}, where every trigger reads all "
+                f"available messages: remove the option, or run on Spark {ADMISSION_CONTROL_SINCE}+")
 
 
 def _release_on_sigterm(reader: DanubeStreamReader) -> None:
