@@ -29,7 +29,7 @@ NO_COMPILER = """
 danube-spark: skipping its C frame decoder (danube_core._fastdecode):
   {error}
 The install goes on: readers decode frames with the pure-Python decoder instead, with the same
-results at a fraction of the rate per core (bench/README.md, "Decoding frames"). To build it,
+results at about 1/14 of the rate per core (bench/README.md, "Decoding frames"). To build it,
 install a C compiler and the Python headers and install again
   (Debian/Ubuntu: apt-get install gcc python3-dev; RHEL: dnf install gcc python3-devel;
    macOS: xcode-select --install),

@@ -44,7 +44,7 @@ from danube_core.message import StreamMessage, decode_message
 logger = logging.getLogger(__name__)
 
 # What a reader without the C decoder gives up (bench/README.md, "Decoding frames").
-PURE_DECODER_COST = "about a tenth of the C decoder's messages per CPU second"
+PURE_DECODER_COST = "about 1/14 of the C decoder's messages per CPU second"
 
 
 def _frame_decoder() -> ModuleType:
