@@ -10,6 +10,8 @@ native client keeps working beside it on the same gateway.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 
 import pyarrow as pa
 import pytest
@@ -38,6 +40,40 @@ def _write_orders(path: str, rows: int = 3000) -> None:
     }), partition_by=["day"])
 
 
+EVENT_HOURS = 720
+EVENTS_START = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def _write_events(path: str) -> None:
+    """`events`: one row an hour through January 2024, with a column of every Delta type (`ts` a
+    TIMESTAMP, an instant; `ts_ntz` the same wall-clock time as a TIMESTAMP_NTZ; `d` its DATE)."""
+    from deltalake import write_deltalake
+
+    hours = range(EVENT_HOURS)
+    instants = [EVENTS_START + datetime.timedelta(hours=i) for i in hours]
+    write_deltalake(path, pa.table({
+        "id": pa.array(hours, pa.int64()),
+        "ts": pa.array(instants, pa.timestamp("us", "UTC")),
+        "ts_ntz": pa.array([t.replace(tzinfo=None) for t in instants], pa.timestamp("us")),
+        "d": pa.array([t.date() for t in instants], pa.date32()),
+        "b8": pa.array([i % 100 for i in hours], pa.int8()),
+        "i16": pa.array(hours, pa.int16()),
+        "i32": pa.array(hours, pa.int32()),
+        "f32": pa.array([i / 4 for i in hours], pa.float32()),
+        "dec": pa.array([decimal.Decimal(i) / 100 for i in hours], pa.decimal128(10, 2)),
+        "flag": [i % 2 == 0 for i in hours],
+        "bin": [bytes([i % 256]) for i in hours],
+        "tags": pa.array([[i, i + 1] for i in hours], pa.list_(pa.int64())),
+        "point": pa.array([{"x": i, "y": "s"} for i in hours], pa.struct([("x", pa.int64()), ("y", pa.string())])),
+        "attrs": pa.array([[("k", i)] for i in hours], pa.map_(pa.string(), pa.int64())),
+    }))
+
+
+def events_since(instant: datetime.datetime) -> int:
+    """How many `events` rows have `ts >= instant` (the truth a parameterised count must give)."""
+    return sum(EVENTS_START + datetime.timedelta(hours=i) >= instant for i in range(EVENT_HOURS))
+
+
 @pytest.fixture(scope="module")
 def gateways(tmp_path_factory):
     """{"plain", "tls", "mtls", "streaming": host:port of four gateways (no TLS, results capped at
@@ -45,21 +81,22 @@ def gateways(tmp_path_factory):
     rows, more than a worker's first batches, and streamed past their first KiB, so a result over
     its limit fails as it streams), "ca", "cert",
     "key": PEM files} of a cluster whose acme datasets `orders`
-    (3000 rows) and `items` (30) are READY."""
+    (3000 rows), `items` (30) and `events` (`_write_events`) are READY."""
     from tests.tls import make_certificates
 
     root = tmp_path_factory.mktemp("flight-sql")
     cluster = SpeedLayerCluster(root / "cluster")
     try:
-        orders, items = str(root / "orders"), str(root / "items")
+        orders, items, events = str(root / "orders"), str(root / "items"), str(root / "events")
         _write_orders(orders)
         _write_orders(items, rows=30)
+        _write_events(events)
         cluster.start_master("m1")
         cluster.start_worker("acme", "w1")
         cluster.set_tenant("other", TenantConfig())
         client = cluster.client()
         eventually(lambda: len(client.workers("acme").workers) == 1, deadline_s=60)
-        for name, path in (("orders", orders), ("items", items)):
+        for name, path in (("orders", orders), ("items", items), ("events", events)):
             reply = client.admit(delta_request("acme", name, path, replication=1))
             eventually(lambda n=name, e=reply.epoch_id: ready_workers(client, "acme", n, e), deadline_s=90)
         certs = make_certificates(root / "certs")
@@ -86,7 +123,7 @@ def _ready(native: QueryClient) -> bool:
     from speedlayer.errors import ReplicaUnavailableError
 
     try:
-        return all(native.query(d, f"SELECT count(*) AS n FROM {d}").num_rows == 1 for d in ("orders", "items"))
+        return all(native.query(d, f"SELECT count(*) AS n FROM {d}").num_rows == 1 for d in ("orders", "items", "events"))
     except ReplicaUnavailableError:  # the gateway's cache has not seen READY yet
         return False
 
@@ -104,7 +141,7 @@ def test_adbc_lists_the_tenants_datasets_with_their_schemas(gateways):
         schemas = objects[0]["catalog_db_schemas"]
         assert [s["db_schema_name"] for s in schemas] == ["acme"]
         tables = {t["table_name"]: t for t in schemas[0]["db_schema_tables"]}
-        assert sorted(tables) == ["items", "orders"]
+        assert sorted(tables) == ["events", "items", "orders"]
         columns = {c["column_name"]: c["xdbc_type_name"] for c in tables["orders"]["table_columns"]}
         assert set(columns) == {"id", "day", "amount"}
         assert conn.adbc_get_table_schema("orders", db_schema_filter="acme").field("id").type == pa.int64()
@@ -365,3 +402,25 @@ def test_result_and_table_schemas_carry_flight_sql_column_metadata(gateways):
         columns = objects[0]["catalog_db_schemas"][0]["db_schema_tables"][0]["table_columns"]
         assert {c["column_name"]: c["xdbc_type_name"] for c in columns} == \
             {"id": "BIGINT", "day": "VARCHAR", "amount": "DOUBLE"}
+
+
+def test_adbc_timestamp_parameters_count_exactly_and_a_wall_clock_time_needs_its_zone(gateways):
+    """Issue 41: a timestamp parameter is compared exactly, as an instant with a zoned column and as
+    a wall-clock time with a TIMESTAMP_NTZ one; a wall-clock time compared with a zoned column
+    names no instant until the caller says its zone (the `timezone` header), so it is refused."""
+    cut = datetime.datetime(2024, 1, 29, 6, 30, tzinfo=datetime.timezone.utc)
+    with _connect(gateways["plain"]) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM events WHERE ts >= ?", parameters=(cut,))
+        assert cursor.fetchall() == [(events_since(cut),)]
+        cursor.execute("SELECT count(*) FROM events WHERE ts >= ?",
+                       parameters=(cut.astimezone(datetime.timezone(datetime.timedelta(hours=-5))),))
+        assert cursor.fetchall() == [(events_since(cut),)]
+        cursor.execute("SELECT count(*) FROM events WHERE ts_ntz >= ? AND d >= ?",
+                       parameters=(cut.replace(tzinfo=None), cut.date()))
+        assert cursor.fetchall() == [(events_since(cut),)]
+        with pytest.raises(adbc_manager.Error, match="timestamp without a time zone compared with a column with one"):
+            cursor.execute("SELECT count(*) FROM events WHERE ts >= ?", parameters=(cut.replace(tzinfo=None),))
+    kolkata = {"adbc.flight.sql.rpc.call_header.timezone": "Asia/Kolkata"}
+    with _connect(gateways["plain"], **kolkata) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM events WHERE ts >= ?", parameters=(datetime.datetime(2024, 1, 29, 12),))
+        assert cursor.fetchall() == [(events_since(cut),)]

@@ -3,12 +3,15 @@
 The driver (`org.apache.arrow:flight-sql-jdbc-driver` from Maven Central, its SHA-1 checked
 against Central's `.sha1`) is downloaded once into ~/.cache/danube-spark and driven by
 `FlightSqlJdbcCheck.java` (Java's single-file source launch): listing tables, columns and (no) keys, a
-group-by and a parameterised point query, with exact answers, and a wrong password refused.
+group-by and a parameterised point query, with exact answers, and a wrong password refused;
+`FlightSqlJdbcParameters.java` binds timestamps, dates and a quoted string with drivers 17.0.0
+and 18.3.0 in JVMs in two time zones.
 The cluster is `test_flight_sql`'s module fixture.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import shutil
 import subprocess
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.speedlayer.test_flight_sql import gateways  # noqa: F401 - the module's cluster fixture
+from tests.speedlayer.test_flight_sql import events_since, gateways  # noqa: F401 - the module's cluster fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -25,18 +28,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 JDBC_VERSION = "18.3.0"
 CENTRAL = "https://repo1.maven.org/maven2/org/apache/arrow/flight-sql-jdbc-driver"
 CHECK = Path(__file__).with_name("FlightSqlJdbcCheck.java")
+PARAMETERS = Path(__file__).with_name("FlightSqlJdbcParameters.java")
 # Arrow's memory module needs this on Java 17 (the driver's documented JVM flag).
 JVM_FLAGS = ["--add-opens=java.base/java.nio=org.apache.arrow.memory.core,ALL-UNNAMED"]
 
 
 @pytest.fixture(scope="session")
 def jdbc_driver() -> Path:
+    return driver_jar(JDBC_VERSION)
+
+
+def driver_jar(version: str) -> Path:
+    """The driver's jar of `version`, downloaded once from Maven Central (skips without java)."""
     if shutil.which("java") is None:
         pytest.skip("java is not on the PATH")
     cache = Path.home() / ".cache" / "danube-spark"
-    jar = cache / f"flight-sql-jdbc-driver-{JDBC_VERSION}.jar"
+    jar = cache / f"flight-sql-jdbc-driver-{version}.jar"
     recorded = jar.with_name(jar.name + ".sha1")  # Central's digest, kept so a cached jar needs no network
-    url = f"{CENTRAL}/{JDBC_VERSION}/{jar.name}"
+    url = f"{CENTRAL}/{version}/{jar.name}"
     if jar.exists() and recorded.exists() and hashlib.sha1(jar.read_bytes()).hexdigest() == recorded.read_text():
         return jar
     with urllib.request.urlopen(f"{url}.sha1", timeout=60) as reply:
@@ -55,9 +64,15 @@ def jdbc_driver() -> Path:
     return jar
 
 
-def _run_check(jar: Path, gateway: str, user: str, password: str) -> subprocess.CompletedProcess:
+def _run_check(jar: Path, gateway: str, user: str, password: str, program: Path = CHECK,
+               time_zone: str | None = None, url_time_zone: bool = False) -> subprocess.CompletedProcess:
+    """`program` run with the driver `jar` against `gateway`, in a JVM in `time_zone` (given in
+    the URL as `timeZone` too with `url_time_zone`)."""
     url = f"jdbc:arrow-flight-sql://{gateway}?useEncryption=false"
-    return subprocess.run(["java", *JVM_FLAGS, "-cp", str(jar), str(CHECK), url, user, password],
+    if url_time_zone:
+        url += f"&timeZone={time_zone}"
+    zone = [f"-Duser.timezone={time_zone}"] if time_zone else []
+    return subprocess.run(["java", *JVM_FLAGS, *zone, "-cp", str(jar), str(program), url, user, password],
                           capture_output=True, text=True, timeout=180)
 
 
@@ -66,7 +81,8 @@ def test_jdbc_lists_tables_and_answers_group_by_and_point_queries_exactly(jdbc_d
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line.split("\t") for line in result.stdout.splitlines()]
     assert [line[1:] for line in lines if line[0] == "TABLE"] == [
-        ["speedlayer", "acme", "items", "TABLE"], ["speedlayer", "acme", "orders", "TABLE"]]
+        ["speedlayer", "acme", "events", "TABLE"], ["speedlayer", "acme", "items", "TABLE"],
+        ["speedlayer", "acme", "orders", "TABLE"]]
     assert {line[1] for line in lines if line[0] == "COLUMN"} == {"id", "day", "amount"}
     assert [line for line in lines if line[0] == "KEY"] == []  # no keys, asked without an error
     totals = {d: sum(i * 0.5 for i in range(d - 1, 3000, 3)) for d in (1, 2, 3)}
@@ -80,3 +96,28 @@ def test_jdbc_wrong_password_is_refused(jdbc_driver, gateways):  # noqa: F811
     result = _run_check(jdbc_driver, gateways["plain"], "acme", "wrong")
     assert result.returncode != 0
     assert "wrong password" in result.stderr or "UNAUTHENTICATED" in result.stderr, result.stderr[-3000:]
+
+
+# 17.0.0: the release before the driver reported zoned timestamps as TIMESTAMP_WITH_TIMEZONE.
+@pytest.mark.parametrize("version", ["17.0.0", JDBC_VERSION])
+@pytest.mark.parametrize("time_zone", ["UTC", "Asia/Kolkata"])
+def test_jdbc_timestamp_parameters_count_exactly_not_every_row(gateways, version, time_zone):  # noqa: F811
+    """Issue 41: `ts >= ?` with setTimestamp(2024-01-29T06:30Z) counted all 720 rows. The driver
+    writes epoch milliseconds into whatever timestamp type the gateway asks for (apache/arrow-java#838),
+    and the gateway asked for its column's microseconds, so the value meant January 1970; and
+    those milliseconds are wall-clock time in the JVM's zone, so in Kolkata the count was off by
+    5.5 hours. With the zone in the URL every count is exact; without it, comparing with the zoned
+    column is refused, saying so, and the other comparisons (wall-clock, dates) stay exact."""
+    cut = datetime.datetime(2024, 1, 29, 6, 30, tzinfo=datetime.timezone.utc)
+    exact = {"TS": str(events_since(cut)), "TS_NTZ": str(events_since(cut)),
+             "DATE": str(events_since(cut.replace(hour=0, minute=0))), "QUOTED": "1000"}
+    for url_time_zone in (True, False):
+        result = _run_check(driver_jar(version), gateways["plain"], "acme", "s3cret", PARAMETERS, time_zone,
+                            url_time_zone)
+        assert result.returncode == 0, result.stderr[-3000:]
+        counts = dict(line.split("\t") for line in result.stdout.splitlines())
+        if url_time_zone:
+            assert counts == exact, result.stdout
+        else:
+            assert counts.pop("TS").startswith("refused: ") and "timeZone=<zone> in the JDBC URL" in result.stdout
+            assert counts == {k: v for k, v in exact.items() if k != "TS"}

@@ -17,7 +17,7 @@ from google.protobuf import any_pb2
 from speedlayer.api import flight_sql_pb2 as sql_pb2
 from speedlayer.errors import InvalidQueryError, InvalidRequestError
 from speedlayer.gateway.flight_sql.messages import ReadOnlyError, UnsupportedCommandError, pack, unpack
-from speedlayer.gateway.flight_sql.parameters import parameter_literals, parameter_schema
+from speedlayer.gateway.flight_sql.parameters import in_zone, parameter_literals, parameter_schema
 from speedlayer.gateway.flight_sql.parameters import same_kind as _same_kind
 from speedlayer.gateway.flight_sql.service import FlightSqlService
 from speedlayer.gateway.flight_sql.statements import LIMIT_HINT, analyse
@@ -149,6 +149,34 @@ def test_parameter_schema_types_parameters_by_the_columns_they_meet():
     columns = pa.schema([("id", pa.int64()), ("day", pa.string())])
     statement = analyse("SELECT * FROM orders WHERE id = ? AND day IN (?, ?) AND ? + 1 > 2 LIMIT ?", "acme")
     assert parameter_schema(statement, columns).types == [pa.int64(), pa.string(), pa.string(), pa.string(), pa.int64()]
+
+
+def test_date_and_time_parameters_are_announced_in_the_units_the_jdbc_driver_writes():
+    """Issue 41: the JDBC driver wrote a Timestamp's epoch milliseconds into the microseconds the
+    gateway announced for a `ts` column (apache/arrow-java#838): `ts >= ?` matched every row."""
+    columns = pa.schema([("ts", pa.timestamp("us", "UTC")), ("ntz", pa.timestamp("ns")), ("d", pa.date64()),
+                         ("t", pa.time64("us"))])
+    statement = analyse("SELECT * FROM events WHERE ts >= ? AND ntz < ? AND d = ? AND t > ?", "acme")
+    assert parameter_schema(statement, columns).types == [pa.timestamp("ms"), pa.timestamp("ms"), pa.date32(),
+                                                          pa.time32("ms")]
+
+
+def test_a_wall_clock_timestamp_against_a_zoned_column_becomes_an_instant_in_the_callers_zone_or_is_refused():
+    columns = pa.schema([("ts", pa.timestamp("us", "UTC")), ("ntz", pa.timestamp("us"))])
+    statement = analyse("SELECT * FROM events WHERE ts >= ? AND ntz >= ?", "acme")
+    wall = datetime.datetime(2024, 1, 29, 12, 0)
+    bound = pa.table({"a": pa.array([wall], pa.timestamp("ms")), "b": pa.array([wall], pa.timestamp("ms"))})
+    in_kolkata = in_zone(bound, statement, columns, "Asia/Kolkata")
+    assert in_kolkata.column(0).type == pa.timestamp("ms", "Asia/Kolkata")
+    assert in_kolkata.column(0)[0].as_py().astimezone(datetime.timezone.utc) == \
+        datetime.datetime(2024, 1, 29, 6, 30, tzinfo=datetime.timezone.utc)
+    assert in_kolkata.column(1) == bound.column(1)  # a wall-clock column compares wall-clock times
+    with pytest.raises(InvalidRequestError, match="parameter 1 is a timestamp without a time zone .*timeZone="):
+        in_zone(bound, statement, columns, None)
+    with pytest.raises(InvalidRequestError, match="time zone 'Mars/Base'"):
+        in_zone(bound, statement, columns, "Mars/Base")
+    aware = bound.set_column(0, "a", pa.array([wall], pa.timestamp("ms", "UTC")))
+    assert in_zone(aware, statement, columns, None) == aware  # an instant already
 
 
 def test_a_statements_schema_is_known_ahead_only_when_its_parameters_filter():

@@ -87,19 +87,75 @@ def parameter_literals(batch: pa.RecordBatch | pa.Table, expected: int) -> tuple
     return tuple(literals)
 
 
+# The JDBC URL's `timeZone=<zone>`: Avatica writes a Timestamp as wall-clock time in that zone
+# (the JVM's without it), and the Arrow Flight SQL driver sends the URL's unknown keys as headers.
+TIME_ZONE_HEADER = "timezone"
+
+
+def compared_columns(statement: Statement, columns: pa.Schema) -> list[pa.DataType | None]:
+    """The type of the column each parameter is compared with; None for a LIMIT count or where
+    nothing tells."""
+    return [columns.field(hint).type if hint is not None and hint != LIMIT_HINT and hint in columns.names
+            else None for hint in statement.parameter_hints]
+
+
 def parameter_schema(statement: Statement, columns: pa.Schema) -> pa.Schema:
     """Typed parameters for drivers that bind by type (JDBC): a parameter compared with a column
-    has the column's type, a LIMIT count int64, any other a string (DuckDB casts it)."""
+    has the column's type as the driver can write it (`bindable`), a LIMIT count int64, any other
+    a string (DuckDB casts it)."""
     fields = []
-    for index, hint in enumerate(statement.parameter_hints, start=1):
-        if hint == LIMIT_HINT:
-            arrow_type = pa.int64()
-        elif hint is not None and hint in columns.names:
-            arrow_type = columns.field(hint).type
-        else:
-            arrow_type = pa.utf8()
+    for index, (hint, column) in enumerate(zip(statement.parameter_hints, compared_columns(statement, columns)),
+                                           start=1):
+        arrow_type = pa.int64() if hint == LIMIT_HINT else bindable(column) if column is not None else pa.utf8()
         fields.append(pa.field(f"parameter_{index}", arrow_type))
     return pa.schema(fields)
+
+
+def bindable(column: pa.DataType) -> pa.DataType:
+    """The parameter type to announce for a value compared with a column of type `column`.
+
+    The Arrow Flight SQL JDBC driver (17.0.0 and 18.3.0 alike) writes a `setTimestamp` as epoch
+    milliseconds, a `setTime` as milliseconds of the day and a `setDate` as days, whatever unit
+    the announced type has (apache/arrow-java#838): a timestamp announced in microseconds got
+    milliseconds, a date in 1970, and `ts >= ?` matched every row. So dates, times and timestamps
+    are announced in the units the driver writes. Its milliseconds are wall-clock time in the
+    connection's zone even for a zoned column (Avatica shifts them by the zone's offset), so a
+    zoned column's parameter is announced without a zone, and `in_zone` makes the value an instant.
+    Drivers that bind by their own types (ADBC) are unaffected."""
+    if pa.types.is_timestamp(column):
+        return pa.timestamp("ms")
+    if pa.types.is_time(column):
+        return pa.time32("ms")
+    if pa.types.is_date(column):
+        return pa.date32()
+    return column
+
+
+def in_zone(parameters: pa.Table, statement: Statement, columns: pa.Schema, zone: str | None) -> pa.Table:
+    """`parameters` with each timestamp without a zone that is compared with a zoned column made
+    the instant it names in `zone` (the caller's `TIME_ZONE_HEADER`). Without a zone such a value
+    names no instant (a JDBC driver's wall-clock time in its JVM's zone, which the gateway cannot
+    know): InvalidRequestError saying how to name it, never a comparison off by that zone's offset."""
+    import pyarrow.compute as pc
+
+    for index, column in enumerate(compared_columns(statement, columns)):
+        if index >= parameters.num_columns or column is None or not pa.types.is_timestamp(column) or not column.tz:
+            continue
+        value = parameters.column(index)
+        if not pa.types.is_timestamp(value.type) or value.type.tz:
+            continue
+        if not zone:
+            raise InvalidRequestError(
+                f"parameter {index + 1} is a timestamp without a time zone compared with a column with one "
+                f"({column}): say which zone it is in, with timeZone=<zone> in the JDBC URL (the JVM's zone, "
+                f"e.g. timeZone=UTC; the driver sends it as the {TIME_ZONE_HEADER!r} header) or by binding a "
+                f"timestamp with a time zone")
+        try:
+            instants = pc.assume_timezone(value, timezone=zone)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InvalidRequestError(f"parameter {index + 1} in time zone {zone!r}: {exc}") from exc
+        parameters = parameters.set_column(index, parameters.schema.field(index).with_type(instants.type), instants)
+    return parameters
 
 
 _KINDS = (pa.types.is_null, lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
@@ -111,6 +167,16 @@ def same_kind(value: pa.DataType, column: pa.DataType) -> bool:
     """A value of type `value` compares with a column of type `column` without a conversion that
     can fail (NULL compares with anything)."""
     return pa.types.is_null(value) or any(kind(value) and kind(column) for kind in _KINDS[1:])
+
+
+def values_fit_columns(statement: Statement, columns: pa.Schema, bound: pa.Schema) -> bool:
+    """Whether each bound value is compared with a column (or is a LIMIT count) of its kind:
+    numbers with numbers, strings with strings, ... (a string for an integer column may not
+    convert: the worker would say so)."""
+    if any(hint is None for hint in statement.parameter_hints):
+        return False
+    expected = parameter_schema(statement, columns)
+    return all(same_kind(value.type, column.type) for value, column in zip(bound, expected))
 
 
 def merged(schemas: list[pa.Schema]) -> pa.Schema:

@@ -48,7 +48,9 @@ from speedlayer.gateway.flight_sql.messages import (
 from speedlayer.gateway.flight_sql.held import (
     AnswersAhead, Binding, Later, PendingResults, PreparedStatement, PreparedStatements, StartedAnswer, Streamed, drop,
 )
-from speedlayer.gateway.flight_sql.parameters import merged, parameter_literals, parameter_schema, same_kind
+from speedlayer.gateway.flight_sql.parameters import (
+    TIME_ZONE_HEADER, in_zone, merged, parameter_literals, parameter_schema, values_fit_columns,
+)
 from speedlayer.gateway.flight_sql.statements import Statement, analyse
 from speedlayer.gateway.flight_sql.status import flight_sql_error
 from speedlayer.gateway.routing import RoutingTable
@@ -158,8 +160,11 @@ class FlightSqlService:
                                       f"of a prepared statement (CommandPreparedStatementQuery)")
         prepared = self.prepared.get(tenant, command.prepared_statement_handle)
         parameters = reader.read_all()
+        columns = self._columns(tenant, client_id, prepared.statement)
+        if columns is not None:
+            parameters = in_zone(parameters, prepared.statement, columns, call_headers(context).get(TIME_ZONE_HEADER))
         literals = parameter_literals(parameters, prepared.statement.parameter_count)
-        fits = self._values_fit_columns(tenant, client_id, prepared.statement, parameters.schema)
+        fits = columns is not None and values_fit_columns(prepared.statement, columns, parameters.schema)
         prepared.bound = Binding(literals, fits)  # one object, replaced at once: never half of a binding
         # Started once this handler has no more Python to run but its reply (measured: no difference).
         self._run_ahead(tenant, client_id, command.prepared_statement_handle, prepared)
@@ -313,19 +318,14 @@ class FlightSqlService:
             return None
         return answer.future.result()
 
-    def _values_fit_columns(self, tenant: str, client_id: str, statement: Statement, bound: pa.Schema) -> bool:
-        """Whether each bound value is compared with a column (or is a LIMIT count) of its kind:
-        numbers with numbers, strings with strings, ... (a string for an integer column may not
-        convert: the worker would say so)."""
-        if any(hint is None for hint in statement.parameter_hints):
-            return False
+    def _columns(self, tenant: str, client_id: str, statement: Statement) -> pa.Schema | None:
+        """The columns of the datasets `statement` reads (their newest READY epochs); None if it
+        cannot be routed now (running it says why)."""
         try:
             dataset, joined = statement.targets()
-            columns = merged([self._dataset_schema(tenant, name, client_id) for name in (dataset, *joined)])
+            return merged([self._dataset_schema(tenant, name, client_id) for name in (dataset, *joined)])
         except SpeedLayerError:
-            return False
-        expected = parameter_schema(statement, columns)
-        return all(same_kind(value.type, column.type) for value, column in zip(bound, expected))
+            return None
 
     def close(self) -> None:
         """Drop the answers started ahead and stop their pool (the gateway is shutting down)."""
