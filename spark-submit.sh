@@ -35,8 +35,15 @@ shift 2
 [[ -f "$CONFIG" ]] || { echo "error: pipeline file $CONFIG does not exist" >&2; exit 2; }
 
 export PYTHONPATH="${ROOT}${PYTHONPATH:+:$PYTHONPATH}"
-PACKAGES="$("$PYTHON" -c 'from pipelines.session import spark_packages; print(",".join(spark_packages()))')"
-EXCLUDES="$("$PYTHON" -c 'from pipelines.session import SPARK_PROVIDED; print(",".join(SPARK_PROVIDED))')"
+# A Spark with no Delta release (or a mismatched delta-spark) is named here, in one line.
+PACKAGES="$("$PYTHON" -c 'import sys
+from danube_core.errors import ConfigError
+from pipelines.session import spark_packages
+try:
+    print(",".join(spark_packages()))
+except ConfigError as error:
+    sys.exit(f"error: {error}")')" || exit 2
+EXCLUDES="$("$PYTHON" -c 'from pipelines.session import spark_provided; print(",".join(spark_provided()))')"
 
 # Pass the caller's flags through, merging --packages and noticing --master and --verbose.
 MASTER_GIVEN=0

@@ -103,6 +103,9 @@ def summarize_and_collect(decoded: DataFrame, topics: Collection[str], columns: 
     return (summary if summary is not None else summarize(decoded)), collected
 
 
+SOURCES_SEPARATOR = "\n"  # between a batch's sources (object ids, "wal"), which never hold one
+
+
 def decodable_rows() -> Column:
     """The condition that keeps the rows that decoded."""
     return F.col(DECODE_ERROR).isNull()
@@ -121,7 +124,9 @@ def _summary_metrics(topics: Collection[str], expressions: ExpressionCache) -> t
                 F.min(F.when(mine, F.col("_offset"))).alias(f"first_{i}"),
                 F.max(F.when(mine, F.col("_offset"))).alias(f"last_{i}"),
                 F.count(F.when(mine, F.lit(1))).alias(f"rows_{i}"),
-                F.collect_set(F.when(mine, F.col("_source"))).alias(f"sources_{i}"),
+                # Joined into one string: PySpark 4.0's Observation returns an array metric as an
+                # unconverted Java object; a string reads the same on every Spark.
+                F.array_join(F.collect_set(F.when(mine, F.col("_source"))), SOURCES_SEPARATOR).alias(f"sources_{i}"),
             ]
         return metrics
 
@@ -131,7 +136,7 @@ def _summary_metrics(topics: Collection[str], expressions: ExpressionCache) -> t
 def _observed_summary(found: Mapping[str, Any], topics: Collection[str]) -> BatchSummary | None:
     """The summary from `_summary_metrics`' values; None when the batch holds rows of other topics."""
     spans = {topic: OffsetSpan(found[f"first_{i}"], found[f"last_{i}"] + 1, found[f"rows_{i}"],
-                               tuple(sorted(found[f"sources_{i}"] or ())))
+                               tuple(sorted(filter(None, found[f"sources_{i}"].split(SOURCES_SEPARATOR)))))
              for i, topic in enumerate(sorted(topics)) if found[f"rows_{i}"]}
     if sum(span.rows for span in spans.values()) != found["rows"]:
         return None

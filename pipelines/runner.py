@@ -40,6 +40,7 @@ from pipelines.delta_sink import DeltaBatchWriter
 from pipelines.expectations import QualityGate
 from pipelines.metrics import PipelineMetrics
 from pipelines.preflight import check_services
+from pipelines.session import running_spark_version
 from pipelines.subject_schemas import SubjectSchemas
 
 if TYPE_CHECKING:
@@ -116,6 +117,23 @@ def observe_input(stream: DataFrame) -> DataFrame:
     )
 
 
+def check_trigger_limits(config: PipelineConfig, spark_version: str) -> None:
+    """Spark 4.0 and 4.1 cannot limit a Python stream's batches (`connectors.spark_compat`):
+    a pipeline file's per-batch caps are refused there, by key, before the session starts."""
+    from connectors.spark_compat import ADMISSION_CONTROL_SINCE, spark_version_tuple
+
+    if spark_version_tuple(spark_version) >= spark_version_tuple(ADMISSION_CONTROL_SINCE):
+        return
+    caps = {"max_messages_per_trigger": config.source.max_messages_per_trigger,
+            "max_bytes_per_trigger": config.source.max_bytes_per_trigger}
+    for key, value in caps.items():
+        if value is not None:
+            raise ConfigError(
+                f"{config.file}: source.{key} needs Spark {ADMISSION_CONTROL_SINCE} or later, which lets a "
+                f"Python stream limit its batches; this is Spark {spark_version}, where every batch reads "
+                f"all available messages: remove the key, or run on Spark {ADMISSION_CONTROL_SINCE}+")
+
+
 def _text(value: int | None) -> str | None:
     return None if value is None else str(value)
 
@@ -132,6 +150,7 @@ class PipelineRunner:
             parsed = opt.parse_options(self.options)
         except ConfigError as exc:
             raise ConfigError(f"{config.file}: source: {exc}") from exc
+        check_trigger_limits(config, spark.version if spark is not None else running_spark_version())
         # Before the session, which takes tens of seconds to start: a wrong etcd endpoint,
         # storage URL or subject fails in about a second, naming the key to fix; so does a
         # metrics port in use (`metrics.port`), bound here for whoever runs the pipeline.

@@ -13,9 +13,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SPEC="${ROOT}/pipelines/sdp_example/spark-pipeline.yaml"
 if [[ "${1:-}" == "--spec" ]]; then SPEC="$2"; shift 2; fi
 export PYTHONPATH="${ROOT}${PYTHONPATH:+:$PYTHONPATH}"
-DELTA="$(python3 -c 'from pipelines.session import DELTA_PACKAGE; print(DELTA_PACKAGE)')"
+DELTA="$(python3 -c 'from pipelines.session import spark_packages; print(spark_packages()[0])')"
 # Delta's dependencies that Spark ships itself are left out (pipelines/session.py says why).
-PROVIDED="$(python3 -c 'from pipelines.session import SPARK_PROVIDED; print(",".join(SPARK_PROVIDED))')"
+PROVIDED="$(python3 -c 'from pipelines.session import spark_provided; print(",".join(spark_provided()))')"
 IFS=: read -r _ ARTIFACT VERSION <<< "$DELTA"
 JARS="${SPARK_IVY_DIR:-$HOME/.ivy2.5.2}/jars"
 CLASSPATH_JARS="${JARS}/io.delta_${ARTIFACT}-${VERSION}.jar:${JARS}/io.delta_delta-storage-${VERSION}.jar"

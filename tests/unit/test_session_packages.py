@@ -13,7 +13,8 @@ from pipelines import session
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("version, avro", [("4.1.1", "4.1.1"), ("4.0.2", "4.0.2"), ("4.2.0", "4.1.1")])
+@pytest.mark.parametrize("version, avro", [("4.1.1", "4.1.1"), ("4.0.2", "4.0.2"), ("4.2.0", "4.2.0"), ("4.0.5", "4.0.2"),
+                                           ("4.1.4", "4.1.1"), ("4.3.0", "4.2.0"), ("4.1.0", "4.0.2")])
 def test_avro_jar_is_the_running_sparks_release(version: str, avro: str) -> None:
     assert session.avro_package(version) == f"org.apache.spark:spark-avro_2.13:{avro}"
 

@@ -1,0 +1,139 @@
+"""The project as users install it, for tests that run it outside the suite's own environment:
+a wheel built from the tracked sources, and venvs that install it beside another pyspark.
+
+Both are cached under `~/.cache/danube-spark` (the wheel by the hash of the sources it is built
+from, a venv by everything it installs), so a CI run on a machine that ran before rebuilds
+nothing that did not change, and concurrent pytest-xdist workers build each once (file locks).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from devstack import REPO_ROOT
+
+CACHE = Path(os.environ.get("DANUBE_TEST_CACHE", Path.home() / ".cache" / "danube-spark"))
+
+
+def run(*args: str, cwd: Path, env: dict | None = None, timeout: int = 600) -> str:
+    """`args` run to completion; AssertionError with the output's tail when it fails."""
+    done = subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:  # Java stack frames left out: the Python error is what tells
+        stderr = "\n".join(line for line in done.stderr.splitlines() if not line.strip().startswith("at "))
+        raise AssertionError(f"{args[:4]} failed:\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{stderr[-6000:]}")
+    return done.stdout
+
+
+def clean_env(venv: Path | None = None) -> dict[str, str]:
+    """No PYTHONPATH: the venv must not see this checkout; no PYSPARK_PYTHON (the suite's
+    names this interpreter). With `venv`: activated, as a user has it (Spark starts its Python
+    workers with the `python3` on PATH)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "SPARK_HOME", "PYSPARK_PYTHON")}
+    if venv is not None:
+        env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv))
+    return env
+
+
+def tracked_files() -> list[str]:
+    """The files git tracks (or would: untracked and not ignored), as a clean checkout has them."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                            cwd=REPO_ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    return sorted(name for name in filter(None, listed) if (REPO_ROOT / name).is_file())
+
+
+def source_copy(target: Path) -> Path:
+    """A copy of the tracked files at `target`."""
+    for name in tracked_files():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO_ROOT / name, target / name)
+    return target
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created), across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def built_wheel() -> Path:
+    """The project's wheel for this interpreter, built from the tracked sources (once per
+    content: later calls and other workers get the same file)."""
+    digest = hashlib.sha256(sys.version.encode())
+    for name in tracked_files():
+        digest.update(name.encode() + b"\0" + (REPO_ROOT / name).read_bytes())
+    wheels = CACHE / "wheels"
+    dist = wheels / digest.hexdigest()[:16]
+    with locked(wheels / ".lock"):
+        found = sorted(dist.glob("danube_spark-*.whl"))
+        if found:
+            return found[0]
+        for old in wheels.iterdir():  # one wheel kept: the sources it came from are gone
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        source = source_copy(Path(_mkdtemp(wheels)))
+        # The native front's crates compile once: the checkout's cargo target directory (or the
+        # one CARGO_TARGET_DIR names, as .ci/run sets) serves the copy too.
+        target = os.environ.get("CARGO_TARGET_DIR") or str(REPO_ROOT / "native" / "grpc_front" / "target")
+        try:
+            run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                "--disable-pip-version-check", "-w", str(dist), str(source), cwd=source,
+                env={**os.environ, "CARGO_TARGET_DIR": target})
+        finally:
+            shutil.rmtree(source, ignore_errors=True)
+        (wheel,) = dist.glob("danube_spark-*.whl")
+        return wheel
+
+
+def _mkdtemp(parent: Path) -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="source-", dir=parent)
+
+
+def constraints_without(*packages: str) -> list[str]:
+    """constraints.txt's pins, less those of `packages` (a venv pins its own Spark)."""
+    lines = (REPO_ROOT / "constraints.txt").read_text().splitlines()
+    return [line for line in lines
+            if line and not line.startswith("#") and line.split("==")[0].strip() not in packages]
+
+
+def pip_into(python: Path) -> list[str]:
+    """This interpreter's pip installing into the venv of `python`: the venv needs no pip of its
+    own, and `--no-compile` spares byte-compiling packages ahead of use."""
+    return [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check", "--no-input"]
+
+
+def cached_venv(name: str, requirements: list[str], constraints: list[str], keyed_by: str) -> Path:
+    """A venv (this interpreter's Python) holding `requirements` installed under `constraints`,
+    made once and kept under `name` plus a hash of `keyed_by` (what decides its contents:
+    pins, the project's declared dependencies) and `constraints`; other venvs of `name` go."""
+    key = hashlib.sha256("\n".join([sys.version, keyed_by, "--", *constraints]).encode()).hexdigest()[:12]
+    venvs = CACHE / "spark-venvs"
+    venv = venvs / f"{name}-{key}"
+    with locked(venvs / f".{name}.lock"):
+        if (venv / ".ready").exists():
+            return venv
+        for old in venvs.glob(f"{name}-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        run(sys.executable, "-m", "venv", "--without-pip", str(venv), cwd=venvs)
+        pins = venv / "constraints.txt"
+        pins.write_text("\n".join(constraints) + "\n")
+        run(*pip_into(venv / "bin" / "python"), "install", "--quiet", "--no-compile", "-c", str(pins),
+            *requirements, cwd=venvs, env=clean_env(), timeout=1200)
+        (venv / ".ready").write_text("\n".join(requirements) + "\n")
+        return venv
