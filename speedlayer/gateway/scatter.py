@@ -38,6 +38,7 @@ from speedlayer.gateway.routing import Route, ShardRoute
 from speedlayer.gateway.shard_query import PARTIALS, Unshardable, partition_pruning, plan_query, shards_to_ask
 from speedlayer.observability.metrics import GATEWAY_SHARD_GATHERS, GATEWAY_SHARDS
 from speedlayer.protocol.query import QueryLimits, QueryRequest
+from speedlayer.protocol.query_parameters import bound, unpack_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,8 @@ class ShardScatter:
 
     def run(self, route: Route, request: QueryRequest, limits: QueryLimits, deadline: float) -> pa.Table:
         columns = sorted({c for shard in route.shards for c in shard.values})
-        asked = [route.shards[i] for i in shards_to_ask([s.values for s in route.shards],
-                                                         partition_pruning(request.sql, columns))]
+        pruning = partition_pruning(request.sql, columns, _pruning_texts(request.parameters))
+        asked = [route.shards[i] for i in shards_to_ask([s.values for s in route.shards], pruning)]
         GATEWAY_SHARDS.labels(tenant=route.tenant, outcome="asked").inc(len(asked))
         GATEWAY_SHARDS.labels(tenant=route.tenant, outcome="pruned").inc(len(route.shards) - len(asked))
         if len(asked) == 1:
@@ -79,7 +80,8 @@ class ShardScatter:
             return self._gather(route, asked, request, limits, deadline, exc.construct)
         shard_request = dataclasses.replace(request, sql=query.shard_sql)
         partials = self._ask_all(route, asked, shard_request, limits, deadline)
-        merged = self._merge(query.merge_sql, pa.concat_tables(partials, promote_options="default"))
+        merged = self._merge(query.merge_sql, pa.concat_tables(partials, promote_options="default"),
+                             request.parameters)
         return _within(merged, route, limits)
 
     def _ask_all(self, route: Route, asked: list[ShardRoute], request: QueryRequest, limits: QueryLimits,
@@ -114,7 +116,7 @@ class ShardScatter:
                 f"{rows.nbytes} bytes; columns {', '.join(plan.columns) or 'none'}; "
                 f"{'WHERE pushed down' if plan.filtered else 'every row'}) and ran the query at the gateway: "
                 f"{construct} does not combine from the shards' answers")
-        answer = _within(self._run_gathered(plan, route, rows, limits, deadline), route, limits)
+        answer = _within(self._run_gathered(plan, route, rows, limits, deadline, request.parameters), route, limits)
         GATEWAY_SHARD_GATHERS.labels(tenant=route.tenant, outcome="gathered").inc()
         logger.info("query on %s: %s", route.dataset, note, extra={"tenant_id": route.tenant})
         return answer.replace_schema_metadata({**(answer.schema.metadata or {}), NOTE_KEY: note.encode()})
@@ -134,7 +136,7 @@ class ShardScatter:
         return names
 
     def _run_gathered(self, plan: GatherPlan, route: Route, rows: pa.Table, limits: QueryLimits,
-                      deadline: float) -> pa.Table:
+                      deadline: float, parameters: str) -> pa.Table:
         import duckdb
 
         with self._lock:
@@ -145,7 +147,7 @@ class ShardScatter:
         timer.start()
         try:
             connection.register(route.dataset, rows)
-            return connection.sql(plan.local_sql).to_arrow_table()
+            return connection.sql(plan.local_sql, params=bound(plan.local_sql, parameters)).to_arrow_table()
         except duckdb.InterruptException as exc:
             raise QueryTimeoutError(f"query on dataset {route.dataset!r} exceeded its deadline of "
                                     f"{limits.timeout_ms} ms while running on the gathered shards") from exc
@@ -163,7 +165,7 @@ class ShardScatter:
         schema, batches = self._forward(route, request, limits, deadline)
         return pa.Table.from_batches(list(batches), schema)
 
-    def _merge(self, sql: str, partials: pa.Table) -> pa.Table:
+    def _merge(self, sql: str, partials: pa.Table, parameters: str) -> pa.Table:
         with self._lock:
             if self._merger is None:
                 import duckdb
@@ -172,11 +174,20 @@ class ShardScatter:
             connection = self._merger.cursor()
         try:
             connection.register(PARTIALS, partials)
-            return connection.sql(sql).to_arrow_table()
+            return connection.sql(sql, params=bound(sql, parameters)).to_arrow_table()
         except Exception as exc:  # DuckDB's errors: the SQL binds on a shard but not over the partials
             raise InvalidQueryError(f"the shards' answers could not be combined: {exc}") from exc
         finally:
             connection.close()
+
+
+def _pruning_texts(parameters: str) -> dict[str, str]:
+    """The bound values that may prune shards, by parameter number, as a literal's text: strings
+    and integers (a partition value is held as text; other types are not compared as text)."""
+    if not parameters:
+        return {}
+    return {number: str(value) for number, value in unpack_parameters(parameters).items()
+            if isinstance(value, (str, int)) and not isinstance(value, bool)}
 
 
 def _within(answer: pa.Table, route: Route, limits: QueryLimits) -> pa.Table:

@@ -123,12 +123,13 @@ class GatewayFlightServer(flight.FlightServerBase):
         return flight.GeneratorStream(schema, self._relay(batches, tenant, started, context))
 
     def run_sql(self, tenant: str, dataset: str, sql: str, client_id: str, epoch: str | None = None,
-                joined: tuple[str, ...] = (), joined_epochs: tuple[str | None, ...] = (),
+                joined: tuple[str, ...] = (), joined_epochs: tuple[str | None, ...] = (), parameters: str = "",
                 ) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         """Run `sql` on `dataset` (its newest READY epoch, or `epoch`) and the `joined` datasets (their
         newest READY epochs, or `joined_epochs`, on a worker holding them all) for an authenticated
-        tenant, with the gateway's limits and deadline: the answer's schema and batches (Flight SQL's path)."""
-        request = QueryRequest(dataset=dataset, sql=sql, epoch=epoch or "")
+        tenant, its `$n` bound to `parameters` (packed values), with the gateway's limits and deadline:
+        the answer's schema and batches (Flight SQL's path)."""
+        request = QueryRequest(dataset=dataset, sql=sql, epoch=epoch or "", parameters=parameters)
         if not joined:
             return self._run(tenant, request, client_id)
         for name in (dataset, *joined):

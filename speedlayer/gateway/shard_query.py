@@ -70,9 +70,11 @@ def plan_query(sql: str, dataset: str, partition_columns: list[str]) -> ShardQue
     return ShardQuery(_sql(tree, shard), _sql(tree, merge), pruning)
 
 
-def partition_pruning(sql: str, partition_columns: list[str]) -> dict[str, frozenset[str]]:
-    """`ShardQuery.pruning` of `sql` without planning it (any shape): InvalidQueryError if it
-    does not parse."""
+def partition_pruning(sql: str, partition_columns: list[str],
+                      parameters: dict[str, str] | None = None) -> dict[str, frozenset[str]]:
+    """`ShardQuery.pruning` of `sql` without planning it (any shape), a `$n` compared as the text
+    of its bound value in `parameters` (by number; strings and integers only, as literals):
+    InvalidQueryError if it does not parse."""
     tree = parse_valid_tree(sql)
     node = tree.get("statements", [{}])[0].get("node", {}) if len(tree.get("statements", [])) == 1 else {}
     # Only a query that reads nothing but the dataset's rows its WHERE clause admits may be pruned:
@@ -81,7 +83,7 @@ def partition_pruning(sql: str, partition_columns: list[str]) -> dict[str, froze
             or (node.get("from_table") or {}).get("type") != "BASE_TABLE"
             or any(n.get("class") == "SUBQUERY" for n in _walk(node))):
         return {}
-    return _pruning(node.get("where_clause"), partition_columns)
+    return _pruning(node.get("where_clause"), partition_columns, parameters or {})
 
 
 def shards_to_ask(shard_values: list[dict[str, list[str]]], pruning: dict[str, frozenset[str]]) -> list[int]:
@@ -305,21 +307,23 @@ def _partials_table() -> Node:
     return parse_tree(f"SELECT * FROM {PARTIALS}")["statements"][0]["node"]["from_table"]
 
 
-def _pruning(where: Any, partition_columns: list[str]) -> dict[str, frozenset[str]]:
+def _pruning(where: Any, partition_columns: list[str], parameters: dict[str, str] | None = None,
+             ) -> dict[str, frozenset[str]]:
     columns = {c.lower() for c in partition_columns}
     if not isinstance(where, dict) or not columns:
         return {}
     conjuncts = where["children"] if where.get("type") == "CONJUNCTION_AND" else [where]
     found: dict[str, frozenset[str]] = {}
     for conjunct in conjuncts:
-        column, values = _admitted(conjunct)
+        column, values = _admitted(conjunct, parameters or {})
         if column in columns and values is not None:
             found[column] = found[column] & values if column in found else values
     return found
 
 
-def _admitted(conjunct: Node) -> tuple[str, frozenset[str] | None]:
-    """(column, values) for `column = literal` or `column IN (literals)`, else ("", None)."""
+def _admitted(conjunct: Node, parameters: dict[str, str]) -> tuple[str, frozenset[str] | None]:
+    """(column, values) for `column = literal` or `column IN (literals)` (a `$n` of `parameters`
+    counting as its value's literal), else ("", None)."""
     if conjunct.get("type") == "COMPARE_EQUAL":
         sides = [conjunct.get("left"), conjunct.get("right")]
     elif conjunct.get("type") == "COMPARE_IN":
@@ -327,10 +331,12 @@ def _admitted(conjunct: Node) -> tuple[str, frozenset[str] | None]:
     else:
         return "", None
     refs = [s for s in sides[:1 if conjunct.get("type") == "COMPARE_IN" else 2] if s.get("class") == "COLUMN_REF"]
-    constants = [s for s in sides if s.get("class") == "CONSTANT"]
-    if len(refs) != 1 or len(constants) != len(sides) - 1:
+    literals = [s.get("literal", {}) if s.get("class") == "CONSTANT"
+                else {"kind": "STRING", "text": parameters[str(s["identifier"])]}
+                if s.get("class") == "PARAMETER" and str(s.get("identifier")) in parameters else None
+                for s in sides if s.get("class") != "COLUMN_REF"]
+    if len(refs) != 1 or len(literals) != len(sides) - 1 or None in literals:
         return "", None
-    literals = [c.get("literal", {}) for c in constants]
     if any(lit.get("kind") not in ("STRING", "INTEGER", "BIGINT") for lit in literals):
         return "", None
     return str(refs[0]["column_names"][-1]).lower(), frozenset(str(lit["text"]) for lit in literals)

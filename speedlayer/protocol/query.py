@@ -9,6 +9,10 @@ request body:
     authorization: Bearer <token>        (required when the gateway has a token for the tenant)
     x-speedlayer-client: <client id>     (optional; the gateway prefers the same replica per id)
 
+A statement's `$1`, `$2`, ... are bound to the values in `parameters` (one row of Arrow IPC,
+`query_parameters`), never written into its text; a worker that predates them refuses the
+statement for its unbound parameters.
+
 A statement may also read other datasets of the tenant (a join): `joined` names each with
 the epoch it is pinned to, and the worker binds every one (the gateway's Flight SQL sends it
 only to a worker holding all those epochs READY; a worker that predates it ignores it, and its
@@ -48,6 +52,7 @@ class QueryRequest:
     max_bytes: int = 0
     timeout_ms: int = 0
     joined: tuple[tuple[str, str], ...] = ()  # ((dataset, epoch), ...): other datasets the SQL reads
+    parameters: str = ""  # the values of the SQL's $1, $2, ... (`query_parameters.pack_parameters`)
 
     def to_ticket(self) -> bytes:
         body = {k: v for k, v in asdict(self).items() if v and k != "joined"}
@@ -70,8 +75,9 @@ class QueryRequest:
             item = value.get(name, 0)
             if not isinstance(item, int) or isinstance(item, bool) or item < 0:
                 raise InvalidRequestError(f"query ticket: {name}={item!r}: expected an integer >= 0")
-        if not isinstance(value.get("epoch", ""), str):
-            raise InvalidRequestError("query ticket: 'epoch' must be a string")
+        for name in ("epoch", "parameters"):
+            if not isinstance(value.get(name, ""), str):
+                raise InvalidRequestError(f"query ticket: {name!r} must be a string")
         joined = value.pop("joined", {})
         if not isinstance(joined, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
                                                    for k, v in joined.items()):

@@ -4,7 +4,8 @@ One `DoGet` per query (`speedlayer.protocol.query`). The query pins one publishe
 (`ServedDatasets.pin`) and runs on its own DuckDB cursor, on which a TEMP VIEW named after
 the dataset is bound to that epoch's table: the SQL says `FROM orders` and reads exactly one
 complete epoch, whatever the freshness work publishes meanwhile. Only a single SELECT (or
-WITH ... SELECT) statement that reads nothing but its dataset is run (`sql_guard`). A query may
+WITH ... SELECT) statement that reads nothing but its dataset is run (`sql_guard`); its `$n`
+parameters are bound by DuckDB to the request's values (`protocol.query_parameters`). A query may
 name `joined` datasets too, each with its epoch: each is pinned and bound the same way, and
 they are all the statement may read besides its dataset.
 
@@ -34,6 +35,7 @@ from speedlayer.protocol.query import (
     HEADERS_MIDDLEWARE, TENANT_HEADER, HeadersMiddlewareFactory, QueryLimits, QueryRequest, batch_bytes,
     call_headers, to_flight,
 )
+from speedlayer.protocol.query_parameters import bound
 from speedlayer.worker.loader import quote
 from speedlayer.worker.serving import EpochPin, ServedDatasets
 from speedlayer.worker.sql_guard import check_query
@@ -178,7 +180,7 @@ class WorkerFlightServer(flight.FlightServerBase):
         import duckdb
 
         try:
-            relation = cursor.sql(request.sql)
+            relation = cursor.sql(request.sql, params=bound(request.sql, request.parameters))
             # duckdb >= 1.4 names it to_arrow_reader; older releases fetch_arrow_reader.
             to_reader = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
             return to_reader(BATCH_ROWS)

@@ -424,3 +424,17 @@ def test_adbc_timestamp_parameters_count_exactly_and_a_wall_clock_time_needs_its
     with _connect(gateways["plain"], **kolkata) as conn, conn.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM events WHERE ts >= ?", parameters=(datetime.datetime(2024, 1, 29, 12),))
         assert cursor.fetchall() == [(events_since(cut),)]
+
+
+def test_adbc_values_with_quotes_semicolons_and_unicode_are_bound_as_values(gateways):
+    """Issue 41: the gateway wrote bound values into the SQL with its own quoting; DuckDB binds
+    them on the worker now, so any text is a value, and a value is what comes back."""
+    hostile = "2024-01-01' OR '1'='1'; DROP TABLE orders; -- ☃ 日本"
+    with _connect(gateways["plain"]) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM orders WHERE day = ? OR day = ?", parameters=(hostile, "2024-01-02"))
+        assert cursor.fetchall() == [(1000,)]
+        cursor.execute("SELECT ? AS s, id FROM orders WHERE id = ?", parameters=(hostile, 5))
+        assert cursor.fetchall() == [(hostile, 5)]
+        cursor.execute("SELECT count(*) FROM orders WHERE day IN (?, ?) AND amount >= ?",
+                       parameters=("2024-01-03", "x\\'", decimal.Decimal("1499.5")))
+        assert cursor.fetchall() == [(1,)]

@@ -283,7 +283,7 @@ class _FakeGateway:
         self.config = _config()
         self.routing = _NoReadyRouting()
 
-    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=()) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=(), parameters="") -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         return self.routing.route(tenant, dataset, client_id, epoch)
 
     def relay(self, batches, tenant, started, context):

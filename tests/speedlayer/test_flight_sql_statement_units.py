@@ -17,12 +17,13 @@ from google.protobuf import any_pb2
 from speedlayer.api import flight_sql_pb2 as sql_pb2
 from speedlayer.errors import InvalidQueryError, InvalidRequestError
 from speedlayer.gateway.flight_sql.messages import ReadOnlyError, UnsupportedCommandError, pack, unpack
-from speedlayer.gateway.flight_sql.parameters import in_zone, parameter_literals, parameter_schema
+from speedlayer.gateway.flight_sql.parameters import in_zone, parameter_schema, parameter_values
 from speedlayer.gateway.flight_sql.parameters import same_kind as _same_kind
 from speedlayer.gateway.flight_sql.service import FlightSqlService
 from speedlayer.gateway.flight_sql.statements import LIMIT_HINT, analyse
 from speedlayer.gateway.routing import ReplicaEndpoint, Route
 from speedlayer.gateway.server import authenticate, colocated
+from speedlayer.protocol.query_parameters import unpack_parameters
 from tests.speedlayer.flight_sql_fakes import CallContext as _Context
 from tests.speedlayer.flight_sql_fakes import command_descriptor as _descriptor
 from tests.speedlayer.flight_sql_fakes import gateway_config as _config
@@ -127,22 +128,44 @@ def test_semicolons_and_comments_after_a_statement_are_cut_and_a_second_statemen
 # ---- parameters ------------------------------------------------------------------------------
 
 
-def test_parameters_become_typed_literals_and_bad_ones_are_refused():
+def test_parameters_travel_as_typed_values_and_bad_ones_are_refused():
     batch = pa.record_batch({
         "i": [7], "s": ["it's"], "f": [0.25], "b": [True], "d": [datetime.date(2024, 1, 2)],
         "t": pa.array([datetime.datetime(2024, 1, 2, 3, 4, 5)], pa.timestamp("us")), "n": pa.array([None], pa.int64()),
         "x": [b"\x00\xff"], "m": pa.array([decimal.Decimal("1.50")], pa.decimal128(5, 2)),
     })
-    assert parameter_literals(batch, 9) == (
-        "CAST(7 AS BIGINT)", "CAST('it''s' AS VARCHAR)", "CAST(0.25 AS DOUBLE)", "CAST(TRUE AS BOOLEAN)",
-        "CAST('2024-01-02' AS DATE)", "CAST('2024-01-02 03:04:05' AS TIMESTAMP)", "NULL",
-        "CAST('\\x00\\xFF' AS BLOB)", "CAST('1.50' AS DECIMAL(5, 2))")
+    values = unpack_parameters(parameter_values(batch, 9))
+    assert values == {"1": 7, "2": "it's", "3": 0.25, "4": True, "5": datetime.date(2024, 1, 2),
+                      "6": datetime.datetime(2024, 1, 2, 3, 4, 5), "7": None, "8": b"\x00\xff",
+                      "9": decimal.Decimal("1.50")}
     with pytest.raises(InvalidRequestError, match="takes 2 parameter\\(s\\); 1 were bound"):
-        parameter_literals(pa.record_batch({"a": [1]}), 2)
+        parameter_values(pa.record_batch({"a": [1]}), 2)
     with pytest.raises(InvalidRequestError, match="one row of parameters"):
-        parameter_literals(pa.record_batch({"a": [1, 2]}), 1)
+        parameter_values(pa.record_batch({"a": [1, 2]}), 1)
     with pytest.raises(InvalidRequestError, match="parameter 1 \\('a'\\): type list<item: int64> is not supported"):
-        parameter_literals(pa.record_batch({"a": [[1]]}), 1)
+        parameter_values(pa.record_batch({"a": [[1]]}), 1)
+
+
+def test_a_value_with_quotes_semicolons_and_unicode_is_bound_as_a_value_never_sql():
+    """Issue 41: values were written into the statement's text with hand-written quoting; now the
+    text has `$n` and DuckDB binds the values, so no value can change what the statement does."""
+    import duckdb
+
+    from speedlayer.protocol.query_parameters import bound
+
+    statement = analyse("SELECT count(*) AS n FROM orders WHERE day = ? OR note = ?", "acme")
+    assert statement.bound_sql == "SELECT count(*) AS n FROM orders WHERE day = $1 OR note = $2"
+    hostile = "x' OR '1'='1'; DROP TABLE orders; -- ☃ \\'"
+    packed = parameter_values(pa.record_batch({"a": [hostile], "b": ["日本語 \"; --"]}), 2)
+    connection = duckdb.connect()
+    connection.execute("CREATE TABLE orders AS SELECT * FROM (VALUES ('x', 'a'), (?, 'b'), ('c', ?)) t(day, note)",
+                       [hostile, "日本語 \"; --"])
+    sql = statement.bound_sql
+    assert connection.sql(sql, params=bound(sql, packed)).fetchall() == [(2,)]
+    assert connection.sql("SELECT count(*) FROM orders").fetchall() == [(3,)]
+    assert bound("SELECT count(*) FROM orders WHERE note = $2", packed) == {"2": "日本語 \"; --"}  # a rewrite's subset
+    with pytest.raises(InvalidRequestError, match="names parameter\\(s\\) \\$3"):
+        bound("SELECT $3", packed)
 
 
 def test_parameter_schema_types_parameters_by_the_columns_they_meet():
@@ -247,7 +270,7 @@ class _RecordingGateway:
         self.routing = _Routing(epochs)
         self.runs: list[tuple[str, str | None, tuple[str, ...], tuple[str | None, ...]]] = []
 
-    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=(), joined_epochs=()):
+    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=(), joined_epochs=(), parameters=""):
         self.runs.append((sql, epoch, tuple(joined), tuple(joined_epochs)))
         if "syntax" in sql.split("LIMIT 0")[-1]:  # nothing follows the probe's LIMIT 0
             raise InvalidQueryError("Parser Error: syntax error")
@@ -319,3 +342,54 @@ def test_flight_sql_statuses_name_their_type_not_a_traceback():
             raise sent
         except Exception as exc:
             assert traceback.format_exception(type(exc), exc, exc.__traceback__)[-1].endswith(f"{str(error)}\n")
+
+
+def test_a_parameterised_statement_on_a_sharded_dataset_is_pruned_merged_and_gathered_with_its_values():
+    """Issue 41: with values bound by DuckDB (not written into the text), the shard rewrite keeps
+    `$n`s: each shard, the merge and the gather bind the values their text names, and a partition
+    column compared with a parameter still prunes shards."""
+    import time
+
+    import duckdb
+
+    from speedlayer.gateway.routing import ShardRoute
+    from speedlayer.gateway.scatter import ShardScatter
+    from speedlayer.protocol.query import QueryLimits, QueryRequest
+    from speedlayer.protocol.query_parameters import bound
+
+    rows = pa.table({"id": list(range(60)), "day": [f"d{i % 3}" for i in range(60)], "amount": [i * 0.5 for i in range(60)]})
+    whole = duckdb.connect()
+    whole.register("orders", rows)
+    parts = [whole.sql(f"SELECT * FROM orders WHERE day = 'd{i}'").to_arrow_table() for i in range(3)]
+    asked: list[str] = []
+
+    def forward(route, request, limits, deadline):  # each shard binds its text's values, as a worker does
+        asked.append(route.epoch)
+        connection = duckdb.connect()
+        connection.register("orders", parts[int(route.epoch[-1])])
+        answer = connection.sql(request.sql, params=bound(request.sql, request.parameters)).to_arrow_table()
+        return answer.schema, answer.to_batches()
+
+    shards = tuple(ShardRoute(f"v0-x.s{i}", {"day": [f"d{i}"]}, (ReplicaEndpoint(f"w{i}", f"h:{i}"),), 100)
+                   for i in range(3))
+    route = Route("acme", "orders", "v0-x", 0, (), shards)
+    scatter = ShardScatter(forward, lambda tenant: 1 << 20)
+
+    def run(sql: str, values: dict) -> list[dict]:
+        statement = analyse(sql, "acme")
+        packed = parameter_values(pa.record_batch({k: [v] for k, v in values.items()}), statement.parameter_count)
+        request = QueryRequest("orders", statement.bound_sql, parameters=packed)
+        return scatter.run(route, request, QueryLimits(), time.monotonic() + 30).to_pylist()
+
+    try:
+        assert run("SELECT count(*) AS n, sum(amount) AS s FROM orders WHERE day = ?", {"a": "d1"}) == \
+            [{"n": 20, "s": sum(i * 0.5 for i in range(1, 60, 3))}]
+        assert asked == ["v0-x.s1"]  # pruned by the bound value
+        asked.clear()
+        assert run("SELECT day, count(*) AS n FROM orders WHERE id < ? GROUP BY day HAVING count(*) > ? ORDER BY day",
+                   {"a": 40, "b": 13}) == [{"day": "d0", "n": 14}]  # HAVING's $2 is bound in the merge
+        assert sorted(asked) == ["v0-x.s0", "v0-x.s1", "v0-x.s2"]
+        assert run("SELECT median(id) AS m FROM orders WHERE id >= ? AND day <> ?", {"a": 30, "b": "it's; --"}) == \
+            [{"m": 44.5}]  # gathered: the shards' fetch and the gateway's query bind $1 and $2
+    finally:
+        scatter.close()

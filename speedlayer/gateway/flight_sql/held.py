@@ -29,7 +29,7 @@ from speedlayer.gateway.flight_sql.statements import Statement
 class Binding:
     """A prepared statement's bound values, replaced whole by each DoPut (read without a lock)."""
 
-    literals: tuple[str, ...] | None = None  # bound by DoPut; None until then
+    values: str | None = None  # bound by DoPut (packed, see `parameters.parameter_values`); None until then
     # The bound values are of the kinds of the columns they are compared with (no conversion
     # that could fail on the worker), so the answer's errors can only be the worker's.
     values_fit_columns: bool = False
@@ -169,7 +169,7 @@ class StartedAnswer:
     and batches)."""
 
     tenant: str
-    literals: tuple[str, ...]
+    values: str  # the bound values, packed ("" for none)
     epochs: tuple[str, ...]
     future: Future
     expires: float
@@ -191,9 +191,9 @@ class AnswersAhead:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flight-sql-ahead")
 
-    def start(self, handle: bytes, tenant: str, literals: tuple[str, ...], epochs: tuple[str, ...],
+    def start(self, handle: bytes, tenant: str, values: str, epochs: tuple[str, ...],
               run: Callable[[], tuple[pa.Schema, Iterable[pa.RecordBatch]]]) -> bool:
-        """Start `run` (the statement with `literals`, on `epochs`) for `handle`, replacing an answer
+        """Start `run` (the statement with `values`, on `epochs`) for `handle`, replacing an answer
         started for it before; False (nothing started) while `capacity` are held."""
         now = time.monotonic()
         with self._lock:
@@ -204,19 +204,19 @@ class AnswersAhead:
             own = sum(1 for answer in self._started.values() if answer.tenant == tenant)
             started = len(self._started) < self.capacity and own < self.per_tenant
             if started:
-                self._started[handle] = StartedAnswer(tenant, literals, epochs, self._pool.submit(run),
+                self._started[handle] = StartedAnswer(tenant, values, epochs, self._pool.submit(run),
                                                       now + self.ttl_s)
         for answer in dropped:
             drop(answer.future)
         return started
 
-    def take(self, handle: bytes, tenant: str, literals: tuple[str, ...]) -> StartedAnswer | None:
-        """The answer started for `handle` with these `literals` by `tenant`, no longer held here;
+    def take(self, handle: bytes, tenant: str, values: str) -> StartedAnswer | None:
+        """The answer started for `handle` with these `values` by `tenant`, no longer held here;
         None if there is none (never started, other values, expired: dropped)."""
         with self._lock:
             dropped = self._expire(time.monotonic())
             answer = self._started.pop(handle, None)
-        if answer is not None and (answer.tenant != tenant or answer.literals != literals):
+        if answer is not None and (answer.tenant != tenant or answer.values != values):
             dropped.append(answer)
             answer = None
         for old in dropped:

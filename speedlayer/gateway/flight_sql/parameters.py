@@ -1,90 +1,47 @@
-"""A prepared statement's bound parameters, written into its SQL as typed literals.
+"""A prepared statement's bound parameters: checked, typed for drivers, carried to the worker.
 
-The workers' protocol carries SQL text, not parameters, so the gateway binds them: each `?`
-(or `$n`) is replaced, at the place DuckDB's parser located it, by a literal cast to the
-parameter's Arrow type (`CAST('2024-01-02' AS DATE)`). Every value is rendered from its
-Arrow type, never from text the client wrote, so a parameter cannot change the statement's
-shape; the worker's SQL guard then checks the bound statement as it checks any other.
 Parameters arrive as one record batch per `DoPut` (Flight SQL); a statement runs with one row
-of them.
+of them. The worker receives the statement with `$1`, `$2`, ... in the parameters' places
+(`Statement.bound_sql`) and the values beside it, exactly as bound, for DuckDB to bind
+(`protocol.query_parameters`): a value is never written into SQL text. Drivers that bind by
+the announced types (JDBC) get a parameter schema from the columns each parameter meets.
 """
 
 from __future__ import annotations
-
-import datetime
-import decimal
-import math
-from typing import Any
 
 import pyarrow as pa
 
 from speedlayer.errors import InvalidRequestError
 from speedlayer.gateway.flight_sql.statements import LIMIT_HINT, Statement
+from speedlayer.protocol.query_parameters import pack_parameters
 
 
-def _sql_type(arrow_type: pa.DataType) -> str | None:
-    """The DuckDB type for a parameter of `arrow_type`; None if such parameters are not taken."""
-    simple = {
-        pa.bool_(): "BOOLEAN", pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER",
-        pa.int64(): "BIGINT", pa.uint8(): "UTINYINT", pa.uint16(): "USMALLINT", pa.uint32(): "UINTEGER",
-        pa.uint64(): "UBIGINT", pa.float16(): "FLOAT", pa.float32(): "FLOAT", pa.float64(): "DOUBLE",
-        pa.string(): "VARCHAR", pa.large_string(): "VARCHAR", pa.string_view(): "VARCHAR",
-        pa.binary(): "BLOB", pa.large_binary(): "BLOB", pa.date32(): "DATE", pa.date64(): "DATE",
-        pa.null(): "NULL",
-    }
-    if arrow_type in simple:
-        return simple[arrow_type]
-    if pa.types.is_timestamp(arrow_type):
-        return "TIMESTAMPTZ" if arrow_type.tz else "TIMESTAMP"
-    if pa.types.is_decimal(arrow_type):
-        return f"DECIMAL({arrow_type.precision}, {arrow_type.scale})" if arrow_type.precision <= 38 else "DOUBLE"
-    if pa.types.is_time(arrow_type):
-        return "TIME"
-    return None
+def _bindable_value(arrow_type: pa.DataType) -> bool:
+    """Whether DuckDB takes a parameter of `arrow_type` as the same value: numbers, strings,
+    booleans, binary, dates, times, timestamps, decimals (and NULL)."""
+    return any(check(arrow_type) for check in (
+        pa.types.is_null, pa.types.is_boolean, pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal,
+        pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view, pa.types.is_binary,
+        pa.types.is_large_binary, pa.types.is_date, pa.types.is_time, pa.types.is_timestamp))
 
 
-def _literal(value: Any, sql_type: str) -> str:
-    if value is None or sql_type == "NULL":
-        return "NULL"
-    if isinstance(value, bool):
-        text = "TRUE" if value else "FALSE"
-    elif isinstance(value, int):
-        text = str(value)
-    elif isinstance(value, float):
-        text = repr(value) if math.isfinite(value) else f"'{value}'"
-    elif isinstance(value, decimal.Decimal):
-        text = f"'{value}'"
-    elif isinstance(value, bytes):
-        text = "'" + "".join(f"\\x{b:02X}" for b in value) + "'"
-    elif isinstance(value, datetime.datetime):
-        text = f"'{value.isoformat(sep=' ')}'"
-    elif isinstance(value, (datetime.date, datetime.time)):
-        text = f"'{value.isoformat()}'"
-    elif isinstance(value, str):
-        text = "'" + value.replace("'", "''") + "'"
-    else:  # _sql_type admits only the types above
-        raise InvalidRequestError(f"parameter value {value!r}: unsupported")
-    return f"CAST({text} AS {sql_type})"
-
-
-def parameter_literals(batch: pa.RecordBatch | pa.Table, expected: int) -> tuple[str, ...]:
-    """The SQL literals of the one row of parameters in `batch`, which must have `expected` columns
-    of supported types (InvalidRequestError naming the parameter otherwise)."""
+def parameter_values(batch: pa.RecordBatch | pa.Table, expected: int) -> str:
+    """The one row of parameters in `batch`, which must have `expected` columns of supported
+    types (InvalidRequestError naming the parameter otherwise), packed for the query ticket with
+    its columns named by parameter number."""
     if batch.num_columns != expected:
         raise InvalidRequestError(f"the statement takes {expected} parameter(s); {batch.num_columns} were bound")
     if batch.num_rows != 1:
         raise InvalidRequestError(f"bind one row of parameters per execution; got {batch.num_rows} rows")
-    literals = []
+    columns = []
     for index, (field, column) in enumerate(zip(batch.schema, batch.columns), start=1):
-        arrow_type = field.type
-        if pa.types.is_dictionary(arrow_type):
-            column, arrow_type = column.cast(arrow_type.value_type), arrow_type.value_type
-        sql_type = _sql_type(arrow_type)
-        if sql_type is None:
-            raise InvalidRequestError(f"parameter {index} ({field.name!r}): type {arrow_type} is not supported; "
+        if pa.types.is_dictionary(field.type):
+            column = column.cast(field.type.value_type)
+        if not _bindable_value(column.type):
+            raise InvalidRequestError(f"parameter {index} ({field.name!r}): type {column.type} is not supported; "
                                       f"bind a number, string, boolean, binary, date, time, timestamp or decimal")
-        literals.append(_literal(column[0].as_py(), sql_type))
-    return tuple(literals)
+        columns.append(column)
+    return pack_parameters(pa.table(columns, names=[str(n) for n in range(1, expected + 1)]))
 
 
 # The JDBC URL's `timeZone=<zone>`: Avatica writes a Timestamp as wall-clock time in that zone

@@ -49,7 +49,7 @@ from speedlayer.gateway.flight_sql.held import (
     AnswersAhead, Binding, Later, PendingResults, PreparedStatement, PreparedStatements, StartedAnswer, Streamed, drop,
 )
 from speedlayer.gateway.flight_sql.parameters import (
-    TIME_ZONE_HEADER, in_zone, merged, parameter_literals, parameter_schema, values_fit_columns,
+    TIME_ZONE_HEADER, in_zone, merged, parameter_schema, parameter_values, values_fit_columns,
 )
 from speedlayer.gateway.flight_sql.statements import Statement, analyse
 from speedlayer.gateway.flight_sql.status import flight_sql_error
@@ -74,7 +74,7 @@ class StatementRunner(Protocol):
     routing: RoutingTable
 
     def run_sql(self, tenant: str, dataset: str, sql: str, client_id: str, epoch: str | None = None,
-                joined: tuple[str, ...] = (), joined_epochs: tuple[str | None, ...] = (),
+                joined: tuple[str, ...] = (), joined_epochs: tuple[str | None, ...] = (), parameters: str = "",
                 ) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
 
     def relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
@@ -163,9 +163,9 @@ class FlightSqlService:
         columns = self._columns(tenant, client_id, prepared.statement)
         if columns is not None:
             parameters = in_zone(parameters, prepared.statement, columns, call_headers(context).get(TIME_ZONE_HEADER))
-        literals = parameter_literals(parameters, prepared.statement.parameter_count)
+        values = parameter_values(parameters, prepared.statement.parameter_count)
         fits = columns is not None and values_fit_columns(prepared.statement, columns, parameters.schema)
-        prepared.bound = Binding(literals, fits)  # one object, replaced at once: never half of a binding
+        prepared.bound = Binding(values, fits)  # one object, replaced at once: never half of a binding
         # Started once this handler has no more Python to run but its reply (measured: no difference).
         self._run_ahead(tenant, client_id, command.prepared_statement_handle, prepared)
         result = sql_pb2.DoPutPreparedStatementResult(prepared_statement_handle=command.prepared_statement_handle)
@@ -215,19 +215,19 @@ class FlightSqlService:
         if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self.prepared.get(tenant, command.prepared_statement_handle)
             statement, bound = prepared.statement, prepared.bound
-            if statement.parameter_count and bound.literals is None:
+            if statement.parameter_count and bound.values is None:
                 raise InvalidRequestError(f"the prepared statement takes {statement.parameter_count} parameter(s) "
                                           f"and none were bound (DoPut)")
-            literals = bound.literals or ()
-            answer = self.ahead.take(command.prepared_statement_handle, tenant, literals)
+            values = bound.values or ""
+            answer = self.ahead.take(command.prepared_statement_handle, tenant, values)
             if answer is not None:
                 held = self._started_answer(tenant, client_id, statement, answer,
                                             bool(statement.parameter_count) and bound.values_fit_columns)
                 if held is not None:
                     return (*held, True)
             dataset, joined = statement.targets()
-            sql = statement.render(literals)
-            return (*self.gateway.run_sql(tenant, dataset, sql, client_id, joined=joined), True)
+            return (*self.gateway.run_sql(tenant, dataset, statement.bound_sql, client_id, joined=joined,
+                                          parameters=values), True)
         table = self._metadata(tenant, client_id, command)
         return table.schema, iter(table.to_batches()), False
 
@@ -278,16 +278,16 @@ class FlightSqlService:
         to the newest READY epoch of each dataset it reads (a join: every one's). Nothing is
         started if it cannot be routed now: GetFlightInfo runs it and reports why."""
         bound = prepared.bound
-        literals = bound.literals or ()
+        values = bound.values or ""
         try:
             dataset, joined = prepared.statement.targets()
-            sql = prepared.statement.render(literals)
+            sql = prepared.statement.bound_sql
             epochs = self._newest_epochs(tenant, client_id, (dataset, *joined))
         except SpeedLayerError:
             return
-        self.ahead.start(handle, tenant, literals, epochs,
+        self.ahead.start(handle, tenant, values, epochs,
                          lambda: self.gateway.run_sql(tenant, dataset, sql, client_id, epochs[0], joined=joined,
-                                                      joined_epochs=epochs[1:]))
+                                                      joined_epochs=epochs[1:], parameters=values))
 
     def _newest_epochs(self, tenant: str, client_id: str, datasets: tuple[str, ...]) -> tuple[str, ...]:
         """The newest READY epoch of each of `datasets` (SpeedLayerError if one has none)."""

@@ -33,7 +33,7 @@ def _quote(name: str) -> str:
 class Statement:
     """A parsed statement: the datasets it reads and how to write it for a worker. `_edits` are
     (start, end, replacement) over the UTF-8 bytes of `sql`, in order: a qualifier cut's text,
-    or a parameter's 0-based number (`$2` is 1) where its bound literal goes."""
+    or a parameter's 0-based number (`$2` is 1) where its placeholder goes."""
 
     sql: str
     datasets: tuple[str, ...]
@@ -50,7 +50,8 @@ class Statement:
     _edits: tuple[tuple[int, int, str | int], ...] = field(repr=False)
 
     def render(self, literals: tuple[str, ...] = ()) -> str:
-        """The SQL for the worker, with `literals` in the parameters' places."""
+        """The SQL for the worker, with `literals` (SQL text: placeholders, or NULL in a schema
+        probe; never a client's value) in the parameters' places."""
         if len(literals) != self.parameter_count:
             raise InvalidRequestError(f"the statement takes {self.parameter_count} parameter(s); "
                                       f"{len(literals)} were bound")
@@ -62,6 +63,12 @@ class Statement:
             at = end
         pieces.append(raw[at:])
         return b"".join(pieces).decode()
+
+    @property
+    def bound_sql(self) -> str:
+        """The SQL for the worker with `$1`, `$2`, ... in the parameters' places, for DuckDB to bind
+        the values to (`protocol.query_parameters`)."""
+        return self.render(tuple(f"${number}" for number in range(1, self.parameter_count + 1)))
 
     def targets(self) -> tuple[str, tuple[str, ...]]:
         """The dataset the statement is routed by and the others it joins (all must be held by one
