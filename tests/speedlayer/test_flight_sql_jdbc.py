@@ -5,16 +5,20 @@ against Central's `.sha1`) is downloaded once into ~/.cache/danube-spark and dri
 `FlightSqlJdbcCheck.java` (Java's single-file source launch): listing tables, columns and (no) keys, a
 group-by and a parameterised point query, with exact answers, and a wrong password refused;
 `FlightSqlJdbcParameters.java` binds timestamps, dates and a quoted string with drivers 17.0.0
-and 18.3.0 in JVMs in two time zones.
+and 18.3.0 in JVMs in two time zones; `spark_jdbc_reads.py` reads with Spark's JDBC reader (a
+local session in a subprocess, the driver jar on spark.jars).
 The cluster is `test_flight_sql`'s module fixture.
 """
 
 from __future__ import annotations
 
 import datetime
+import decimal
 import hashlib
+import json
 import shutil
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -121,3 +125,57 @@ def test_jdbc_timestamp_parameters_count_exactly_not_every_row(gateways, version
         else:
             assert counts.pop("TS").startswith("refused: ") and "timeZone=<zone> in the JDBC URL" in result.stdout
             assert counts == {k: v for k, v in exact.items() if k != "TS"}
+
+
+SPARK_READS = Path(__file__).with_name("spark_jdbc_reads.py")
+# Every column of `events` Spark's reader can take through the driver: a zoned TIMESTAMP as its
+# UTC wall-clock time, nested columns as text. The driver reports every column unsigned, so
+# Spark would read a BIGINT as decimal(20,0): customSchema names it.
+SPARK_READABLE = ("SELECT id, ts_ntz, d, b8, i16, i32, f32, dec, flag, bin, ts AT TIME ZONE 'UTC' AS ts_utc, "
+                  "CAST(tags AS VARCHAR) AS tags, CAST(point AS VARCHAR) AS point, CAST(attrs AS VARCHAR) AS attrs "
+                  "FROM events")
+
+
+@pytest.mark.parametrize("version", ["17.0.0", JDBC_VERSION])
+def test_spark_jdbc_reader_loads_every_delta_type_partitioned_or_refuses_it_by_name(gateways, version):  # noqa: F811
+    """Issue 41: what Spark's JDBC reader (`format("jdbc")`, the driver jar on spark.jars, its JVMs
+    in UTC) does with a table of every Delta type: a partitioned read of every column it can take
+    is exact; a zoned TIMESTAMP (18.3.0 only: TIMESTAMP_WITH_TIMEZONE), a list (ARRAY) or a
+    struct or map (JAVA_OBJECT) is refused by Spark naming the type."""
+    from tests.speedlayer.test_flight_sql import EVENTS_START, _connect
+
+    url = f"jdbc:arrow-flight-sql://{gateways['plain']}?useEncryption=false"
+    reads = {
+        "table": {"dbtable": "events"},
+        "readable": {"dbtable": f"({SPARK_READABLE}) AS e", "partitionColumn": "id", "lowerBound": "0",
+                     "upperBound": "720", "numPartitions": "3", "customSchema": "id BIGINT"},
+        "zoned": {"query": "SELECT id, ts FROM events", "customSchema": "id BIGINT"},
+        "list": {"query": "SELECT id, tags FROM events"},
+        "struct": {"query": "SELECT id, point FROM events"},
+    }
+    result = subprocess.run([sys.executable, str(SPARK_READS), str(driver_jar(version)), url, "acme", "s3cret",
+                             json.dumps(reads), "UTC"], capture_output=True, text=True, timeout=240)
+    answers = {line["read"]: line for line in map(json.loads, result.stdout.splitlines()) if line}
+    assert set(answers) == set(reads), result.stderr[-3000:]
+
+    def refused(name: str, sql_type: str) -> bool:
+        return f"[UNRECOGNIZED_SQL_TYPE] Unrecognized SQL type - name: {sql_type}" in answers[name].get("error", "")
+
+    assert refused("table", "TIMESTAMP_WITH_TIMEZONE" if version == JDBC_VERSION else "ARRAY"), answers["table"]
+    assert refused("list", "ARRAY") and refused("struct", "JAVA_OBJECT"), (answers["list"], answers["struct"])
+    instants = [(EVENTS_START + datetime.timedelta(hours=i)).replace(tzinfo=None).isoformat() for i in range(720)]
+    if version == JDBC_VERSION:
+        assert refused("zoned", "TIMESTAMP_WITH_TIMEZONE"), answers["zoned"]
+    else:  # 17.0.0 reported a zoned TIMESTAMP as TIMESTAMP
+        assert answers["zoned"]["rows"] == [[i, instants[i]] for i in range(720)], answers["zoned"]
+    readable = answers["readable"]
+    assert readable["schema"] == ("struct<id:bigint,ts_ntz:timestamp,d:date,b8:int,i16:int,i32:bigint,f32:float,"
+                                  "dec:decimal(10,2),flag:boolean,bin:binary,ts_utc:timestamp,tags:string,"
+                                  "point:string,attrs:string>"), readable
+    assert readable["partitions"] == 3
+    with _connect(gateways["plain"]) as conn, conn.cursor() as cursor:
+        cursor.execute(f"SELECT tags, point, attrs FROM ({SPARK_READABLE}) ORDER BY id")
+        nested = cursor.fetchall()
+    assert readable["rows"] == [
+        [i, instants[i], instants[i][:10], i % 100, i, i, i / 4, f"{decimal.Decimal(i) / 100:.2f}", i % 2 == 0,
+         bytes([i % 256]).hex(), instants[i], *nested[i]] for i in range(720)]
