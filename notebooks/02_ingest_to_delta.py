@@ -23,7 +23,7 @@ dbutils.widgets.text("wal_root", "auto", "WAL root (auto | none | URL)")
 dbutils.widgets.text("topics", "/default/orders", "topics (comma-separated)")
 dbutils.widgets.text("subscription", "orders-notebook", "subscription")
 dbutils.widgets.text("starting_offsets", "earliest", "first run starts at")
-dbutils.widgets.text("max_messages_per_trigger", "1000", "messages per micro-batch")
+dbutils.widgets.text("max_messages_per_trigger", "", "messages per micro-batch (empty: no cap; Spark 4.2+)")
 dbutils.widgets.dropdown("decode_format", "json", ["raw", "json", "avro"], "payload format")
 dbutils.widgets.text("schema_subject", "", "schema registry subject (empty: inline schema)")
 dbutils.widgets.text(
@@ -83,7 +83,7 @@ def config_from_widgets():
             "topics": [t.strip() for t in widget("topics").split(",") if t.strip()],
             "subscription": widget("subscription"),
             "starting_offsets": widget("starting_offsets"),
-            "max_messages_per_trigger": int(widget("max_messages_per_trigger")),
+            "max_messages_per_trigger": int(cap) if (cap := widget("max_messages_per_trigger").strip()) else None,
         },
         "decode": decode,
         "target": {"path": f"{root}/{name}"},

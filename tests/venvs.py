@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -129,7 +130,8 @@ def cached_venv(name: str, requirements: list[str], constraints: list[str], keye
         if (venv / ".ready").exists():
             return venv
         for old in venvs.glob(f"{name}-*"):
-            shutil.rmtree(old, ignore_errors=True)
+            if re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{12}}", old.name):
+                shutil.rmtree(old, ignore_errors=True)
         run(sys.executable, "-m", "venv", "--without-pip", str(venv), cwd=venvs)
         pins = venv / "constraints.txt"
         pins.write_text("\n".join(constraints) + "\n")

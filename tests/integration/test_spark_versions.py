@@ -52,16 +52,19 @@ def _minor(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def wheel() -> Path:
+    """Built once per content (`built_wheel`), so the fixture need not be module-wide: the tests
+    of this module then spread over the suite's workers."""
     return built_wheel()
 
 
-def _venv(pyspark: str, delta: str | None, wheel: Path) -> Path:
+def _venv(pyspark: str, delta: str | None, wheel: Path, extras: str = "connector,pipelines", name: str = "") -> Path:
     spark_pins = [f"pyspark=={pyspark}"] + ([f"delta-spark=={delta}"] if delta else [])
     declared = (REPO_ROOT / "setup.cfg").read_text()  # the extras' dependencies decide the venv
-    venv = cached_venv(f"pyspark-{pyspark}", [*spark_pins, f"{wheel}[connector,pipelines]"],
-                       constraints_without("pyspark", "delta-spark"), keyed_by="\n".join([*spark_pins, declared]))
+    venv = cached_venv(f"pyspark-{pyspark}{'-' + name if name else ''}", [*spark_pins, f"{wheel}[{extras}]"],
+                       constraints_without("pyspark", "delta-spark"),
+                       keyed_by="\n".join([*spark_pins, extras, declared]))
     # The wheel of this run, over whatever wheel the venv was made with.
     run(*pip_into(venv / "bin" / "python"), "install", "--quiet", "--no-compile", "--no-deps", "--force-reinstall",
         str(wheel), cwd=venv, env=clean_env())
@@ -152,6 +155,23 @@ def test_a_spark_line_reads_streams_and_lands_in_delta(pyspark, delta, wheel, et
         (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
         assert re.search(rf"no Delta Lake release runs on Spark {re.escape(pyspark)}: .* delta-spark 4\.4\.0 on "
                          r"Spark 4\.0, 4\.1, 4\.2", line), line
+
+
+def test_the_notebooks_run_on_the_lowest_spark_line(wheel) -> None:
+    """tests/spark/test_notebooks.py, unchanged, in a venv of the lowest Spark line with Delta
+    (Databricks Runtime 17.3 LTS's Spark 4.0), with the suite's own rig: its etcd, moto S3 and
+    a Spark session of that line with Delta."""
+    pyspark, delta = min(((p, d) for p, d in spark_lines() if d), key=lambda line: _minor(line[0]))
+    venv = _venv(pyspark, delta, wheel, extras="connector,pipelines,speedlayer,test", name="notebooks")
+    env = {**clean_env(venv), "PYTHONPATH": str(REPO_ROOT), "DANUBE_TEST_JVM_ARCHIVE": "0"}
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts=--strict-markers", "tests/spark/test_notebooks.py"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1100)
+    assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+    assert re.search(r"\b\d+ passed\b", done.stdout) and " failed" not in done.stdout, done.stdout[-2000:]
+    version = subprocess.run([str(venv / "bin" / "python"), "-c", "import pyspark; print(pyspark.__version__)"],
+                             env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert version == pyspark
 
 
 def test_every_spark_line_names_its_delta_as_the_pipelines_do() -> None:

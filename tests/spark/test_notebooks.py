@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from connectors.cursor_commit import CursorWriter
+from connectors.spark_compat import ADMISSION_CONTROL
 from danube_core.frames import FRAME_HEADER_SIZE
 from danube_core.message import encode_message
 from danube_core.metadata_etcd import EtcdMetadataStore
@@ -207,7 +208,8 @@ def ingested(rig: Rig, spark):
     return run_notebook(NOTEBOOKS / "02_ingest_to_delta.py", spark, {
         **rig.source_widgets,
         "topics": rig.base,
-        "max_messages_per_trigger": "50",
+        # Several batches where Spark can cap them (4.2+); Spark 4.0/4.1 refuse a cap.
+        "max_messages_per_trigger": "50" if ADMISSION_CONTROL else "",
         "delta_root": str(rig.delta_root),
         "trigger_interval": "500 milliseconds",
         "poll_interval_s": "1",
@@ -236,7 +238,8 @@ def test_ingest_runs_the_pipeline_until_the_lag_is_gone_then_stops_it(rig: Rig, 
     assert watch[-1]["lag_messages"] == 0 and watch[-1]["rows"] == len(valid) + len(bad)
     assert [s["rows"] for s in watch] == sorted(s["rows"] for s in watch)
     progress = shown(ingested, 2)
-    assert len(progress) >= 2, "50 messages per trigger over 100 messages"
+    if ADMISSION_CONTROL:
+        assert len(progress) >= 2, "50 messages per trigger over 100 messages"
     assert sum(p["input_rows"] for p in progress) == len(valid) + len(bad)
     assert all(p["processed_rows_per_s"] > 0 for p in progress)
     assert len(ingested.display.figures()) == 1
