@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_foreign:
         return write_foreign_main(args.write_foreign)
     from bench_connector import put_all
-    from devstack.embedded_etcd import EmbeddedEtcd
+    from danube_core.embedded_etcd import EmbeddedEtcd
 
     sizes = [int(n) for n in args.topics.split(",")]
     if min(sizes) < args.served or args.brokers < 2:

@@ -464,7 +464,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
 
 def _measure(args: argparse.Namespace, work: Path, store: ObjectStore, data: bytes, positions: np.ndarray,
              etcd_dir: str) -> dict:
-    from devstack.embedded_etcd import EmbeddedEtcd
+    from danube_core.embedded_etcd import EmbeddedEtcd
 
     big_bytes, storage_url = args.big_object_mb * 2**20, store.url
     with EmbeddedEtcd(data_dir=etcd_dir) as etcd:

@@ -1,7 +1,7 @@
 """The console's server time per page against the size of the cluster in etcd.
 
 Every page must render in at most 300 ms of server time with 1,000 topics and 100 subscriptions
-in etcd (issue 28). One etcd (`devstack.embedded_etcd`) is filled with the records a broker
+in etcd (issue 28). One etcd (`danube_core.embedded_etcd`) is filled with the records a broker
 writes: per topic its namespace-index entry, delivery, assignment and `--descriptors` object
 descriptors with `cur`; per subscription its record (with the `lag` the data source records)
 and cursor; a registration and a load report per broker; a speed-layer tenant with datasets and
@@ -41,7 +41,7 @@ from danube_core.records import (
     NULL_JSON, RELIABLE, BrokerRegistration, CurPointer, LoadReport, ObjectDescriptor, Policies, ResourceUsage,
     SubscriptionRecord, dump_cursor, dump_delivery, dump_json,
 )
-from devstack.embedded_etcd import EmbeddedEtcd
+from danube_core.embedded_etcd import EmbeddedEtcd
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.records import AssignmentRecord, ReplicaRecord, WorkerRecord
 

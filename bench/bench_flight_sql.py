@@ -263,7 +263,7 @@ def print_catalog(catalog: dict) -> None:
 
 
 def main() -> int:
-    from devstack.embedded_etcd import EmbeddedEtcd
+    from danube_core.embedded_etcd import EmbeddedEtcd
     from devstack.speedlayer_stack import EmbeddedSpeedLayer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

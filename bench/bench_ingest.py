@@ -48,8 +48,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from devstack.embedded_etcd import EmbeddedEtcd  # noqa: E402
-from devstack.ports import free_port, wait_for_port  # noqa: E402
+from danube_core.embedded_etcd import EmbeddedEtcd  # noqa: E402
+from danube_core.ports import free_port, wait_for_port  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyspy_profile  # noqa: E402

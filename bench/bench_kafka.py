@@ -411,7 +411,7 @@ def profiles(inputs: Inputs, jvm_pid: int, work: Path) -> dict:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
-    from devstack.embedded_etcd import EmbeddedEtcd
+    from danube_core.embedded_etcd import EmbeddedEtcd
     from danube_core.objectstore import ObjectStore
 
     lib = fetch_kafka_jars()

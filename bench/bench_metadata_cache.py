@@ -60,13 +60,13 @@ sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 
 from bench_connector import put_all  # noqa: E402
 from common import Column, machine_info, print_table, rss_mb, timed, write_results  # noqa: E402
-from devstack.embedded_etcd import EmbeddedEtcd  # noqa: E402
+from connectors.query_scope import PLAN_WINDOW_OBJECTS  # noqa: E402
 from danube_core import keys  # noqa: E402
+from danube_core.embedded_etcd import EmbeddedEtcd  # noqa: E402
 from danube_core.metadata_etcd import EtcdMetadataStore  # noqa: E402
 from danube_core.objectstore import OBJECTS_PATH_TEMPLATE, object_id_for  # noqa: E402
 from danube_core.records import CurPointer, ObjectDescriptor, Policies, dump_cursor  # noqa: E402
 from danube_core.topics import TopicName  # noqa: E402
-from connectors.query_scope import PLAN_WINDOW_OBJECTS  # noqa: E402
 
 STREAM_TOPIC = "/bench/stream"
 LONG_TOPIC = "/bench/long"
@@ -271,7 +271,7 @@ def s3_listing_cases(endpoint: str, counts: list[int], args: argparse.Namespace)
     import fsspec
     from moto.server import ThreadedMotoServer
 
-    from devstack.ports import free_port, wait_for_port
+    from danube_core.ports import free_port, wait_for_port
 
     port = free_port()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=True)

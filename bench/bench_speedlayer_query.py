@@ -101,7 +101,7 @@ def concurrent_load(gateway: str, tenant: str, rows: int, clients: int, seconds:
 
 
 def speed_layer_phase(path: str, rows: int, samples: int, seconds: float, phases: dict) -> dict:
-    from devstack.embedded_etcd import EmbeddedEtcd
+    from danube_core.embedded_etcd import EmbeddedEtcd
     from speedlayer.clients import QueryClient
     from devstack.speedlayer_stack import EmbeddedSpeedLayer
 

@@ -85,8 +85,8 @@ def peak_rss_mb(pid: int) -> float:
 
 def run(rows: int, days: int, samples: int, root: Path, worker_memory_mb: int = 2048, worker_threads: int = 1,
         gather_samples: int = 3) -> dict:
+    from danube_core.embedded_etcd import EmbeddedEtcd
     from danube_core.metadata_etcd import EtcdMetadataStore
-    from devstack.embedded_etcd import EmbeddedEtcd
     from devstack.speedlayer_stack import EmbeddedSpeedLayer
     from speedlayer.clients import QueryClient
     from speedlayer.keys import SpeedLayerKeys

@@ -174,7 +174,7 @@ def s3_faults(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
     recovery_s: proxy passing again -> the next object uploaded."""
     from moto.server import ThreadedMotoServer
 
-    from devstack.ports import free_port, wait_for_port
+    from danube_core.ports import free_port, wait_for_port
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(var, "testing")

@@ -38,8 +38,8 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import yaml
 
-from devstack.embedded_etcd import etcd_binary
-from devstack.ports import free_port, wait_for_port
+from danube_core.embedded_etcd import etcd_binary
+from danube_core.ports import free_port, wait_for_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BAD_EVERY = 7

@@ -28,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from devstack.ports import stop_process
+from danube_core.ports import stop_process
 
 KAFKA_VERSION = "4.1.2"
 SCALA_BINARY = "2.13"

@@ -1,7 +1,8 @@
 """Start a broker: `python -m broker --config conf/broker.yaml`.
 
 Runs until SIGINT/SIGTERM, then hands its topics over and leaves the cluster. Exit codes:
-0 after a clean stop, 2 for a bad configuration (the message names the file and the key).
+0 after a clean stop, 1 when etcd cannot be reached (the message names the `meta_store` keys
+to check; the broker never starts an etcd unless `meta_store.embedded` asks for one), 2 for a bad configuration (the message names the file and the key).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import signal
 import sys
 
-from danube_core.errors import ConfigError
+from danube_core.errors import ConfigError, MetadataUnavailableError
 
 from broker.config import load_config
 from broker.server import BrokerServer
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except MetadataUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -76,7 +76,9 @@ class ListenerConfig:
 
 @dataclass(frozen=True)
 class MetaStoreConfig:
-    """The etcd server; `embedded` starts a local one on this port if nothing listens there.
+    """The etcd server; `embedded` (default false) starts a local one on this port if nothing
+    listens there, for a trial on one machine; production brokers leave it off, so an etcd
+    that is briefly down is waited for by the operator, not replaced by an empty one.
 
     Our extension for secured clusters: `user`/`password` (etcd authentication) and
     `ca_cert` (TLS) with optional `cert_key`/`cert_cert` (client certificate), in `etcd`

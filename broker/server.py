@@ -53,10 +53,10 @@ from danube_core.keys import topic_root_key
 from danube_core.metadata import Lease, MetadataStore
 from danube_core.records import BrokerRegistration, dump_u64
 from danube_core.topics import TopicName
-from devstack.embedded_etcd import EmbeddedEtcd  # `meta_store.embedded`: the development default
 
 if TYPE_CHECKING:
     from broker.metrics import MetricsServer  # prometheus-client is imported only when a port is set
+    from danube_core.embedded_etcd import EmbeddedEtcd  # imported only with `meta_store.embedded` set
 
 logger = logging.getLogger(__name__)
 
@@ -200,8 +200,12 @@ class BrokerServer:
                               f"{listener.host}:{listener.prometheus_port}: {exc.strerror or exc}") from exc
 
     def _connect_metadata(self) -> MetadataStore:
+        """The cluster's etcd. Only with `meta_store.embedded` set does the broker start one
+        where none answers; otherwise an unreachable etcd fails the start, naming the keys."""
         store = self.config.meta_store
         if store.embedded and not _port_open(store.host, store.port):
+            from danube_core.embedded_etcd import EmbeddedEtcd
+
             self._etcd = EmbeddedEtcd(data_dir=store.data_dir, client_port=store.port)
             logger.info("started an embedded etcd on %s (data in %s)", self._etcd.endpoint, store.data_dir)
         return store.etcd.connect()

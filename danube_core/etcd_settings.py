@@ -123,8 +123,8 @@ class EtcdSettings:
                 return (f"the TLS handshake failed: check {names.ca_cert} (the CA that signed etcd's certificate) "
                         f"and, if etcd asks for client certificates, {client_cert}")
             if not self.tls:
-                return f"is etcd running there? If it serves TLS (https), set {names.ca_cert}"
-            return f"is etcd running there, and does it serve TLS as {names.ca_cert} says?"
+                return f"is etcd running there ({names.endpoints})? If it serves TLS (https), set {names.ca_cert}"
+            return f"is etcd running there ({names.endpoints}), and does it serve TLS as {names.ca_cert} says?"
         if any(word in text for word in _AUTH_FAILED):
             return f"etcd refused the user and password: check {names.user} and {names.password}"
         if any(word in text for word in _AUTH_MISSING):

@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+from danube_core.embedded_etcd import EmbeddedEtcd
 from danube_core.keys import REGISTER_PREFIX
 from danube_core.metadata_etcd import EtcdMetadataStore
+from danube_core.ports import free_port, stop_process, wait_for_port
 from devstack import REPO_ROOT
-from devstack.embedded_etcd import EmbeddedEtcd
-from devstack.ports import free_port, stop_process, wait_for_port
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from danube_core.ports import free_port, stop_processes, wait_for_port
 from devstack import REPO_ROOT
-from devstack.ports import free_port, stop_processes, wait_for_port
 
 
 class EmbeddedSpeedLayer:

@@ -19,8 +19,8 @@ import pytest
 
 from bench.fault_kit import SHORT_RUN_JVM_OPTIONS
 from bench.spark_python_exec import python_exec_without_zips
-from devstack.embedded_etcd import EmbeddedEtcd
-from devstack.ports import free_port, wait_for_port
+from danube_core.embedded_etcd import EmbeddedEtcd
+from danube_core.ports import free_port, wait_for_port
 from tests import jvm_class_archive
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyspark
 
 from bench.fault_kit import SHORT_RUN_JVM_OPTIONS
-from devstack.ports import free_port, wait_for_port
+from danube_core.ports import free_port, wait_for_port
 from tests.rig import eventually
 
 SPARK_HOME = Path(pyspark.__file__).parent

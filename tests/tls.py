@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
-    from devstack.embedded_etcd import EmbeddedEtcd
+    from danube_core.embedded_etcd import EmbeddedEtcd
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def secured_etcd(directory: Path, root_password: str) -> Iterator[tuple["Embedde
     """A real etcd serving TLS only, asking for client certificates signed by the test CA, with
     authentication on (user `root`, `root_password`); certificates made in `directory`, and
     (server, certificates) yielded. Stopped on exit."""
-    from devstack.embedded_etcd import EmbeddedEtcd, EtcdSecurity
+    from danube_core.embedded_etcd import EmbeddedEtcd, EtcdSecurity
 
     certs = make_certificates(directory)
     server = EmbeddedEtcd(security=EtcdSecurity(certs.cert, certs.key, certs.ca_cert, root_password))

@@ -19,10 +19,10 @@ import grpc
 import pytest
 import yaml
 
-from devstack.ports import free_port, stop_process
 from danube_core.errors import DanubeError
 from danube_core.keys import REGISTER_PREFIX, register_key
 from danube_core.metadata_etcd import EtcdMetadataStore
+from danube_core.ports import free_port, stop_process
 from tests.rig import eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

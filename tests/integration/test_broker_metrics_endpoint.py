@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from danube_core.keys import cursor_key, subscription_key
+from danube_core.ports import free_port
 from danube_core.records import dump_cursor, dump_json
-from devstack.ports import free_port
 from tests.integration.broker_process import BrokerProcess, reliable_producer
 from tests.rig import eventually
 

@@ -22,11 +22,11 @@ from console.server import ConsoleServer
 from danube_core import keys
 from danube_core.etcd_settings import EtcdSettings
 from danube_core.metadata_etcd import EtcdMetadataStore
+from danube_core.ports import free_port
 from danube_core.records import parse_cursor
 from danube_core.schema_registry import register_schema
 from devstack.broker_stack import EmbeddedStack
 from devstack.demo import ORDER_SCHEMA
-from devstack.ports import free_port
 from devstack.speedlayer_stack import EmbeddedSpeedLayer
 from pipelines.config import load_config
 from speedlayer.keys import SpeedLayerKeys

@@ -15,7 +15,6 @@ import shutil
 
 import pytest
 
-from devstack.ports import free_port
 from broker.wal_http import WalHttpServer
 from connectors import __main__ as connectors_cli
 from connectors.catalog import TopicCatalog
@@ -24,6 +23,7 @@ from connectors.salvage import salvage_tasks
 from connectors.task_reader import read_task
 from danube_core.errors import DataLossError, ObjectStoreError
 from danube_core.metadata_etcd import EtcdMetadataStore
+from danube_core.ports import free_port
 from tests.golden import (
     GOLDEN_DIR, MOVED_OLD_OWNER_SUBSCRIPTION, MOVED_ORPHAN, MOVED_STALE_DESCRIPTOR_OBJECT, SCENARIOS,
     broker_ids, expected, message_key, received,

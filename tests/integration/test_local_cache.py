@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from devstack.embedded_etcd import EmbeddedEtcd
+from danube_core.embedded_etcd import EmbeddedEtcd
 from danube_core.errors import MetadataCompactedError
 from danube_core.local_cache import LocalCache
 from danube_core.metadata import MetadataStore

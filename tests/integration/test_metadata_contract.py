@@ -11,13 +11,13 @@ from typing import Iterator
 
 import pytest
 
-from devstack.embedded_etcd import EmbeddedEtcd
-from devstack.ports import free_port
+from danube_core.embedded_etcd import EmbeddedEtcd
 from danube_core.errors import ConfigError, MetadataError, MetadataUnavailableError
 from danube_core.keys import padded_offset
 from danube_core.metadata import MetadataStore, WatchEvent
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.metadata_memory import MemoryMetadataStore
+from danube_core.ports import free_port
 from danube_core.records import dump_json, load_json
 from tests.rig import eventually
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from devstack.ports import free_port
 from danube_core.metadata_etcd import EtcdMetadataStore
+from danube_core.ports import free_port
 from danube_core.schema_registry import register_schema
 from pipelines.__main__ import main
 from pipelines.config import load_config

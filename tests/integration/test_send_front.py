@@ -24,8 +24,8 @@ from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from broker._grpc_front import GrpcFront
-from devstack.ports import free_port
 from danube_core.frames import iter_messages
+from danube_core.ports import free_port
 from tests.integration.broker_process import (
     REPO_ROOT,
     BrokerProcess,

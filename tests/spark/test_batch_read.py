@@ -128,7 +128,7 @@ def test_partitioned_topic_with_offsets_json(spark, danube_env: DanubeEnv, uniqu
 
 
 def test_etcd_unreachable_at_start_is_a_clear_error(spark, danube_env: DanubeEnv, unique_name) -> None:
-    from devstack.ports import free_port
+    from danube_core.ports import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     options = {**danube_env.options, "etcd.endpoints": endpoint, "etcd.timeoutMs": "500"}

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from danube import DanubeClientBuilder, DispatchStrategy
 
-from devstack.ports import free_port
 from danube_core.metadata_etcd import EtcdMetadataStore
+from danube_core.ports import free_port
 from tests.integration.broker_process import REPO_ROOT, BrokerProcess
 from tests.tls import secured_etcd
 

@@ -12,8 +12,8 @@ from typing import Iterator
 
 import pytest
 
-from devstack.embedded_etcd import EmbeddedEtcd
 from connectors import register
+from danube_core.embedded_etcd import EmbeddedEtcd
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from tests.rig import eventually

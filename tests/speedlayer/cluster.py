@@ -19,9 +19,9 @@ import sys
 import uuid
 from pathlib import Path
 
-from devstack.embedded_etcd import etcd_binary
-from devstack.ports import free_port, stop_process, stop_processes, wait_for_port
+from danube_core.embedded_etcd import etcd_binary
 from danube_core.metadata_etcd import EtcdMetadataStore
+from danube_core.ports import free_port, stop_process, stop_processes, wait_for_port
 from speedlayer.clients import ManagementClient
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.records import GlobalConfig, TenantConfig

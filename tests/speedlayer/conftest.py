@@ -37,7 +37,7 @@ def moto_process():
     import subprocess
     import sys
 
-    from devstack.ports import free_port, wait_for_port
+    from danube_core.ports import free_port, wait_for_port
     from tests.conftest import MotoS3Server
 
     port = free_port()

@@ -17,8 +17,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from devstack.ports import free_port
 from danube_core.metadata_memory import MemoryMetadataStore
+from danube_core.ports import free_port
 from speedlayer.__main__ import main
 from speedlayer.clients.query_client import QueryClient
 from speedlayer.errors import (

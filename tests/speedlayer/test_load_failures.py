@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from devstack.ports import free_port
+from danube_core.ports import free_port
 from speedlayer.clients import delta_request
 from speedlayer.master.load_failures import failed_everywhere, replication_target, retire_failed_replicas
 from speedlayer.master.placement import EpochPlacement, next_placement

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devstack.ports import free_port
+from danube_core.ports import free_port
 from speedlayer.clients import delta_request
 from speedlayer.observability.audit import read_audit_log
 from tests.rig import eventually

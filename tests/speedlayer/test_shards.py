@@ -27,7 +27,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from devstack.ports import free_port
+from danube_core.ports import free_port
 from speedlayer.clients import QueryClient, delta_request
 from speedlayer.errors import InvalidQueryError
 from speedlayer.records import AssignmentRecord, GlobalConfig, TenantConfig

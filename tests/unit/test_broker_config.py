@@ -15,9 +15,9 @@ pytestmark = pytest.mark.unit
 SHIPPED = Path(__file__).resolve().parents[2] / "conf" / "broker.yaml"
 
 
-def test_shipped_config_is_the_embedded_default():
+def test_shipped_config_reaches_the_local_etcd_and_starts_none():
     config = load_config(str(SHIPPED), environ={})
-    assert config.meta_store.endpoint == "127.0.0.1:2379" and config.meta_store.embedded
+    assert config.meta_store.endpoint == "127.0.0.1:2379" and not config.meta_store.embedded
     assert config.listener.broker_url == "http://127.0.0.1:6650"
     assert config.wal.dir == "./danube-data/wal" and config.wal.durable
     assert config.uploader.root_prefix == "/danube-data"

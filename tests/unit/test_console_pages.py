@@ -26,8 +26,8 @@ from danube_core.objectstore import ObjectStore
 from danube_core.records import (
     BrokerRegistration, LoadReport, ResourceUsage, SubscriptionRecord, dump_cursor, dump_json,
 )
+from danube_core.ports import free_port
 from danube_core.schema_registry import register_schema
-from devstack.ports import free_port
 from tests.topic_builder import TopicBuilder
 
 pytestmark = pytest.mark.unit

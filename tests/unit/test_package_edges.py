@@ -12,6 +12,11 @@ Inside the speed layer the same holds between its parts (the "Speed layer parts"
 one rule holds whatever the table says: the roles (`master`, `worker`, `gateway`) and
 `clients` are imported by `speedlayer.__main__` only, the roles only through their `process`
 modules, so they never import one another and what they share imports none of them.
+
+And one more holds whatever the table says: no product package imports `devstack`, the
+development stack. A product that imports what starts it for the demo and the tests ends up
+running development code in production (a broker once brought up an empty etcd of its own
+because `devstack`'s launcher was one import away).
 """
 
 from __future__ import annotations
@@ -229,6 +234,18 @@ def one_way_violations(parts: dict[str, tuple[str, ...]], edges: list[Edge]) -> 
     return found
 
 
+DEVELOPMENT_PACKAGE = "devstack"
+
+
+def development_imports(edges: list[Edge]) -> list[str]:
+    """One line per import of `devstack` from a product package (any package but itself)."""
+    found = [f"{edge.where}: {edge.source} imports {edge.target}; product code never imports "
+             f"the development stack (`{DEVELOPMENT_PACKAGE}/`): move what it needs into the product"
+             for edge in edges
+             if edge.target.split(".")[0] == DEVELOPMENT_PACKAGE and edge.source.split(".")[0] != DEVELOPMENT_PACKAGE]
+    return list(dict.fromkeys(found))
+
+
 TABLE = may_import_table()
 EDGES = project_edges(sorted(TABLE))
 SPEEDLAYER_PARTS = speedlayer_parts()
@@ -245,6 +262,20 @@ def test_every_import_between_packages_is_one_the_table_allows():
     assert EDGES, "no imports found: the scan is broken"
     violations = layering_violations(TABLE, EDGES)
     assert not violations, "imports docs/architecture.md does not allow:\n" + "\n".join(violations)
+
+
+def test_no_product_package_imports_the_development_stack():
+    violations = development_imports(EDGES)
+    assert not violations, "product code importing devstack:\n" + "\n".join(violations)
+    allowed = {package: [n for n in names if n.split(".")[0] == DEVELOPMENT_PACKAGE]
+               for package, names in TABLE.items() if package != DEVELOPMENT_PACKAGE}
+    assert not any(allowed.values()), f"docs/architecture.md lets product packages import devstack: {allowed}"
+
+
+def test_the_development_check_catches_a_product_import_of_devstack():
+    lazy = Edge("broker.server", "devstack.embedded_etcd", "broker/server.py:200", False)
+    stack = Edge("devstack.demo", "devstack.broker_stack", "devstack/demo.py:1", False)
+    assert len(development_imports([lazy, stack])) == 1
 
 
 def test_no_module_imports_itself_through_others():

