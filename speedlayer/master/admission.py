@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,6 +31,7 @@ from speedlayer.errors import (
     InvalidRequestError, NotFoundError, TenantIsolationError, UnsupportedSourceError,
 )
 from speedlayer.keys import valid_id
+from speedlayer.master.admission_hooks import NO_HOOKS, AdmissionHooks
 from speedlayer.master.placement import select_evenly
 from speedlayer.master.quotas import check_usage, footprint
 from speedlayer.master.replication import shortfall, with_replication
@@ -50,8 +50,6 @@ from speedlayer.sources.delta_changes import TableChange, incremental_source
 logger = logging.getLogger(__name__)
 
 MAX_REPLICATION = 16
-# Fault injection for the failover tests: pause after PLANNED is persisted, before ASSIGNED.
-PAUSE_ENV = "SPEEDLAYER_FAULT_PAUSE_AFTER_PLANNED_S"
 
 
 def _digest(*parts: object) -> str:
@@ -96,16 +94,20 @@ def validate(request: mg.AdmitDatasetRequest) -> None:
 
 
 class AdmissionController:
-    """`admit(request)` -> AdmitDatasetResponse; raises SpeedLayerError subclasses."""
+    """`admit(request)` -> AdmitDatasetResponse; raises SpeedLayerError subclasses.
+
+    `hooks` act at the named steps of an admission (`AdmissionHooks`; nothing by default, the
+    failover tests' entry point passes its own)."""
 
     def __init__(self, state: ClusterState, config: ConfigView, table_sources: dict[str, TableSource],
                  strategy: Callable[[], AssignmentStrategy], candidates: Callable[[str], list[Candidate]],
                  audit: AuditLogger, master_id: str, placed: Callable[[], None],
-                 followed: Callable[[str, str], None] = lambda tenant, dataset: None) -> None:
+                 followed: Callable[[str, str], None] = lambda tenant, dataset: None,
+                 hooks: AdmissionHooks = NO_HOOKS) -> None:
         self._state, self._config, self._table_sources = state, config, table_sources
         self._strategy, self._candidates = strategy, candidates
         self._audit, self._master_id, self._placed = audit, master_id, placed
-        self._followed = followed
+        self._followed, self._hooks = followed, hooks
 
     def admit(self, request: mg.AdmitDatasetRequest) -> mg.AdmitDatasetResponse:
         started = time.perf_counter()
@@ -331,10 +333,7 @@ class AdmissionController:
                                                 lambda r: replace(r, status=PLANNED) if r.status == PENDING else None,
                                                 also=plan_write if target is record else ())
             self._audit_status(updated, {"plan_id": f"{target.tenant}/{target.dataset}/{target.epoch}"})
-        pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
-        if pause > 0:
-            logger.warning("fault injection: pausing %.1fs after PLANNED", pause)
-            time.sleep(pause)
+        self._hooks.after_planned(updated)
         return updated
 
     def _assign(self, record: AssignmentRecord, preferred: tuple[str, ...] = (),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from speedlayer.master.admission_hooks import NO_HOOKS, AdmissionHooks
 from speedlayer.shutdown import stop_on_signals
 
 
@@ -24,15 +25,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     master.add_argument("--log-level", default="INFO")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM; 0 after a clean stop (a bad configuration raises ConfigError)."""
+def run(args: argparse.Namespace, hooks: AdmissionHooks = NO_HOOKS) -> int:
+    """Serve until SIGINT/SIGTERM; 0 after a clean stop (a bad configuration raises ConfigError).
+
+    `hooks` act at the named steps of the leader's admissions: nothing from `python -m
+    speedlayer`; the failover tests start masters through `python -m bench.fault_master`,
+    which passes its own."""
     from speedlayer.config import load_master_config
     from speedlayer.master.server import MasterServer
     from speedlayer.observability.logs import configure_logging
 
     config = load_master_config(args.config, {"id": args.id, "port": args.port, "metrics_port": args.metrics_port})
     configure_logging(args.log_level, role="master", master_id=config.master_id)
-    server = MasterServer(config)
+    server = MasterServer(config, hooks=hooks)
     stop_on_signals(server.stop)
     server.start()
     server.wait()

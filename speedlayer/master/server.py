@@ -28,6 +28,7 @@ from speedlayer.config import MasterConfig
 from speedlayer.errors import NotLeaderError
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.master.admission import AdmissionController
+from speedlayer.master.admission_hooks import NO_HOOKS, AdmissionHooks
 from speedlayer.master.control_plane import ControlPlaneServicer
 from speedlayer.master.management import ManagementServicer
 from speedlayer.master.reconciler import Reconciler, candidates_from
@@ -69,7 +70,8 @@ class LeaderRuntime:
             self.state, server.config_view, server.table_sources, server.strategy,
             self._candidates,
             server.audit, server.config.master_id, self._changed,
-            followed=lambda tenant, dataset: self.refresher.look_at(tenant, dataset, "admitted"))
+            followed=lambda tenant, dataset: self.refresher.look_at(tenant, dataset, "admitted"),
+            hooks=server.hooks)
         self.refresher = Refresher(self.state, server.config_view, server.table_sources["delta_table"],
                                    self.admission, server.audit, server.config.master_id,
                                    make_room=self.reconciler.make_room)
@@ -101,8 +103,10 @@ class LeaderRuntime:
 
 
 class MasterServer:
-    def __init__(self, config: MasterConfig, audit: AuditLogger | None = None) -> None:
+    def __init__(self, config: MasterConfig, audit: AuditLogger | None = None,
+                 hooks: AdmissionHooks = NO_HOOKS) -> None:
         self.config = config
+        self.hooks = hooks  # what the leader's admissions do at their named steps (nothing, unless a test says)
         self.keys = SpeedLayerKeys(config.key_root)
         self.audit = audit or JsonlAuditLogger(config.audit_log or f"speedlayer-audit-{config.master_id}.jsonl")
         self._store = config.etcd.connect()  # TLS, user and password from the `etcd:` section

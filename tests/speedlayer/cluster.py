@@ -102,12 +102,16 @@ class SpeedLayerCluster:
         self.own_etcd.stop()
         self.own_etcd.start()
 
-    def start_master(self, master_id: str, env: dict[str, str] | None = None) -> int:
-        """Start (or restart, on the port it had) master `master_id`; clients know masters by address."""
+    def start_master(self, master_id: str, env: dict[str, str] | None = None,
+                     entry: tuple[str, ...] = ("speedlayer",)) -> int:
+        """Start (or restart, on the port it had) master `master_id`; clients know masters by address.
+
+        `entry` is the module run with `-m` and its arguments before `master`: the product's
+        command, or a test's entry point passing hooks in (`("bench.fault_master", ...)`)."""
         port = self._ports.setdefault(master_id, free_port())
         log = open(self.root / f"master-{master_id}.log", "ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", "speedlayer", "master", "--config", str(self.config_path), "--id", master_id,
+            [sys.executable, "-m", *entry, "master", "--config", str(self.config_path), "--id", master_id,
              "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, env=self._env(env), cwd=self.root)
         self.masters[master_id] = (process, port)

@@ -15,6 +15,7 @@ from speedlayer.clients import delta_request
 from speedlayer.errors import InvalidRequestError, PreconditionError, UnsupportedSourceError
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.master.admission import AdmissionController
+from speedlayer.master.admission_hooks import AdmissionHooks
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import Candidate, RendezvousStrategy
 from speedlayer.observability.audit import MemoryAuditLogger
@@ -111,3 +112,21 @@ def test_bad_requests(rig):
     with pytest.raises(UnsupportedSourceError, match="OLAP"):
         controller.admit(mg.AdmitDatasetRequest(tenant_id="acme", dataset_id="d", source=mg.DataSourceIdentifier(
             olap_table=mg.OlapTable(instance="i", database="d", table="t"))))
+
+
+def test_the_admission_hooks_see_the_record_planned_before_any_worker_is_assigned(rig):
+    """The failover tests kill the leader in this window through a hook passed in (formerly an
+    environment switch read in the leader's admission path)."""
+    product, state, audit, connector, *_ = rig
+    seen = []
+
+    class Recording(AdmissionHooks):
+        def after_planned(self, record) -> None:
+            stored = state.record(record.tenant, record.dataset, record.epoch)
+            seen.append((record.status, stored.status, stored.replicas))
+
+    workers = [Candidate("w1", "acme"), Candidate("w2", "acme")]
+    controller = AdmissionController(state, product._config, {"delta_table": connector}, RendezvousStrategy,
+                                     lambda tenant: workers, audit, "m1", lambda: None, hooks=Recording())
+    assert controller.admit(delta_request("acme", "orders", "/t")).status == "ASSIGNED"
+    assert seen == [(PLANNED, PLANNED, {})]
