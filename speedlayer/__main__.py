@@ -11,7 +11,9 @@ a refused admin request or a failed query, 2 for a bad configuration.
 
 This module only dispatches: each subcommand's flags and process wiring are its own module's
 (`master.process`, `worker.process`, `gateway.process`, `clients.admin_cli`, `clients.query_cli`),
-each with `add_parser(subparsers)` and `run(args) -> exit code`.
+each with `add_parser(subparsers)` and `run(args) -> exit code`. Workers and gateways start only
+on a DuckDB whose parse tree the speed layer reads (`protocol.parse_tree_format`): another
+DuckDB is refused as a bad configuration, naming its version and the range supported.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from danube_core.errors import ConfigError, DanubeError
 from speedlayer.clients import admin_cli, query_cli
 from speedlayer.gateway import process as gateway_process
 from speedlayer.master import process as master_process
+from speedlayer.protocol.parse_tree_format import check_installed_duckdb
 from speedlayer.worker import process as worker_process
 
 SUBCOMMANDS: dict[str, ModuleType] = {
     "master": master_process, "worker": worker_process, "gateway": gateway_process,
     "admin": admin_cli, "query": query_cli,
 }
+# The subcommands that guard and rewrite SQL through DuckDB's parse tree.
+READS_PARSE_TREES = ("worker", "gateway")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command in READS_PARSE_TREES:
+            check_installed_duckdb()
         return SUBCOMMANDS[args.command].run(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
