@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+from contextlib import contextmanager
 import logging
 import threading
 import time
-from typing import Callable, Iterable, Iterator
+from typing import Callable, ContextManager, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -37,6 +38,7 @@ from speedlayer.errors import (
     InvalidQueryError, InvalidRequestError, NotFoundError, QueryTimeoutError, ReplicaUnavailableError, SpeedLayerError,
     UnauthenticatedError,
 )
+from speedlayer.gateway.caller_watch import CallerWatch, new_query_id
 from speedlayer.gateway.dictionary_columns import cast_to_values, dictionary_columns, refusal
 from speedlayer.gateway.flight_sql.auth import AUTH_MIDDLEWARE, AcceptingAuthHandler, BasicAuthMiddlewareFactory
 from speedlayer.gateway.flight_sql.service import FlightSqlService
@@ -45,7 +47,7 @@ from speedlayer.gateway.scatter import ShardScatter
 from speedlayer.keys import valid_id
 from speedlayer.observability.metrics import GATEWAY_QUERIES, GATEWAY_QUERY_SECONDS, GATEWAY_RETRIES
 from speedlayer.protocol.query import (
-    AUTH_HEADER, CLIENT_HEADER, DEADLINE_SLACK_S, HEADERS_MIDDLEWARE, TENANT_HEADER, HeadersMiddlewareFactory,
+    AUTH_HEADER, CANCEL_ACTION, CLIENT_HEADER, DEADLINE_SLACK_S, HEADERS_MIDDLEWARE, TENANT_HEADER, HeadersMiddlewareFactory,
     QueryLimits, QueryRequest, call_headers, call_options, from_flight, location, to_flight,
 )
 
@@ -66,10 +68,14 @@ class GatewayFlightServer(flight.FlightServerBase):
         self.limits = QueryLimits(config.max_result_rows, config.max_result_bytes, config.query_timeout_ms)
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
+        # query id -> (worker address, tenant) of each call to a worker it has open (`_ask`)
+        self._in_flight: dict[str, list[tuple[str, str]]] = {}
+        self.caller_watch = CallerWatch(self._cancel_query)
         self.scatter = ShardScatter(self._forward, lambda tenant: routing.tenant_config(tenant).gather_max_bytes)
 
     def shutdown(self) -> None:
         super().shutdown()
+        self.caller_watch.stop()
         self.flight_sql.close()
         self.scatter.close()
         with self._lock:
@@ -115,7 +121,9 @@ class GatewayFlightServer(flight.FlightServerBase):
             headers = call_headers(context)
             tenant = authenticate(headers, self.config)
             client_id = headers.get(CLIENT_HEADER) or context.peer().rsplit(":", 1)[0]
-            schema, batches = self._run(tenant, request, client_id)
+            request = dataclasses.replace(request, query_id=new_query_id())  # the gateway's, never a client's
+            with self.caller_watch.watching(context, request.query_id):
+                schema, batches = self._run(tenant, request, client_id)
         except SpeedLayerError as exc:
             GATEWAY_QUERIES.labels(tenant=tenant, outcome=exc.status_name).inc()
             logger.info("query refused or failed: %s", exc, extra={"tenant_id": tenant})
@@ -124,12 +132,13 @@ class GatewayFlightServer(flight.FlightServerBase):
 
     def run_sql(self, tenant: str, dataset: str, sql: str, client_id: str, epoch: str | None = None,
                 joined: tuple[str, ...] = (), joined_epochs: tuple[str | None, ...] = (), parameters: str = "",
-                ) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
+                query_id: str = "") -> tuple[pa.Schema, Iterable[pa.RecordBatch]]:
         """Run `sql` on `dataset` (its newest READY epoch, or `epoch`) and the `joined` datasets (their
         newest READY epochs, or `joined_epochs`, on a worker holding them all) for an authenticated
         tenant, its `$n` bound to `parameters` (packed values), with the gateway's limits and deadline:
-        the answer's schema and batches (Flight SQL's path)."""
-        request = QueryRequest(dataset=dataset, sql=sql, epoch=epoch or "", parameters=parameters)
+        the answer's schema and batches (Flight SQL's path). `query_id` (`new_query_id`) lets
+        `watching_caller` stop it on the workers."""
+        request = QueryRequest(dataset=dataset, sql=sql, epoch=epoch or "", parameters=parameters, query_id=query_id)
         if not joined:
             return self._run(tenant, request, client_id)
         for name in (dataset, *joined):
@@ -146,6 +155,11 @@ class GatewayFlightServer(flight.FlightServerBase):
         route = colocated(routes)
         request = dataclasses.replace(request, joined=tuple((r.dataset, r.epoch) for r in routes[1:]))
         return self._forward(route, request, limits, deadline)
+
+    def watching_caller(self, context: flight.ServerCallContext, query_id: str) -> ContextManager[None]:
+        """While the block runs, the query `query_id` is stopped on its workers if the call of
+        `context` is cancelled or passes its deadline (`caller_watch`)."""
+        return self.caller_watch.watching(context, query_id)
 
     def relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
               context: flight.ServerCallContext,
@@ -201,26 +215,55 @@ class GatewayFlightServer(flight.FlightServerBase):
         options = call_options(tenant, timeout_s=remaining_s + DEADLINE_SLACK_S)
         buffered: list[pa.RecordBatch] = []
         try:
-            reader = self._client(replica.address).do_get(flight.Ticket(request.to_ticket()), options=options)
-            schema = reader.schema
-            encoded = dictionary_columns(schema)
-            if encoded:
-                reader.cancel()
-                if cast:
-                    raise InvalidQueryError(refusal(encoded))
-                values = dataclasses.replace(request, sql=cast_to_values(request.sql, encoded))
-                return self._ask(replica, tenant, values, remaining_s, cast=True)
-            size = 0
-            while size <= self.config.retry_buffer_bytes:
-                try:
-                    batch = reader.read_chunk().data
-                except StopIteration:
-                    return schema, buffered  # the whole answer: a list (Flight SQL streams it from C++)
-                buffered.append(batch)
-                size += batch.nbytes
+            with self._open_on(replica.address, tenant, request.query_id):
+                reader = self._client(replica.address).do_get(flight.Ticket(request.to_ticket()), options=options)
+                schema = reader.schema
+                encoded = dictionary_columns(schema)
+                if encoded:
+                    reader.cancel()
+                    if cast:
+                        raise InvalidQueryError(refusal(encoded))
+                    values = dataclasses.replace(request, sql=cast_to_values(request.sql, encoded))
+                    return self._ask(replica, tenant, values, remaining_s, cast=True)
+                size = 0
+                while size <= self.config.retry_buffer_bytes:
+                    try:
+                        batch = reader.read_chunk().data
+                    except StopIteration:
+                        return schema, buffered  # the whole answer: a list (Flight SQL streams it from C++)
+                    buffered.append(batch)
+                    size += batch.nbytes
         except (flight.FlightError, pa.ArrowException, OSError) as exc:
             raise from_flight(exc) from exc
         return schema, _chain(buffered, reader)
+
+    @contextmanager
+    def _open_on(self, address: str, tenant: str, query_id: str) -> Iterator[None]:
+        """Remember, for the block, that query `query_id` runs on the worker at `address`."""
+        if not query_id:
+            yield
+            return
+        with self._lock:
+            self._in_flight.setdefault(query_id, []).append((address, tenant))
+        try:
+            yield
+        finally:
+            with self._lock:
+                calls = self._in_flight[query_id]
+                calls.remove((address, tenant))
+                if not calls:
+                    del self._in_flight[query_id]
+
+    def _cancel_query(self, query_id: str) -> None:
+        """Ask each worker running `query_id` (a call to it open) to stop it (`CANCEL_ACTION`)."""
+        with self._lock:
+            calls = list(self._in_flight.get(query_id, ()))
+        for address, tenant in calls:
+            action = flight.Action(CANCEL_ACTION, query_id.encode())
+            try:
+                list(self._client(address).do_action(action, options=call_options(tenant, timeout_s=5)))
+            except (flight.FlightError, pa.ArrowException, OSError) as exc:
+                logger.info("could not ask %s to stop query %s (it stops at its deadline): %s", address, query_id, exc)
 
     def _relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
                context: flight.ServerCallContext,

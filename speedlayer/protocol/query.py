@@ -13,6 +13,9 @@ A statement's `$1`, `$2`, ... are bound to the values in `parameters` (one row o
 `query_parameters`), never written into its text; a worker that predates them refuses the
 statement for its unbound parameters.
 
+The gateway gives each query it forwards a `query_id`; when its own caller cancels or passes its
+deadline, it sends the worker `CANCEL_ACTION` with that id, and the worker interrupts the query.
+
 A statement may also read other datasets of the tenant (a join): `joined` names each with
 the epoch it is pinned to, and the worker binds every one (the gateway's Flight SQL sends it
 only to a worker holding all those epochs READY; a worker that predates it ignores it, and its
@@ -36,6 +39,9 @@ from speedlayer import errors
 from speedlayer.errors import InvalidRequestError, SpeedLayerError
 
 TENANT_HEADER = "x-speedlayer-tenant"
+# A worker's Flight action stopping the tenant's running queries whose ticket had the query id
+# in the action's body (the gateway sends it when its own caller has gone).
+CANCEL_ACTION = "speedlayer.cancel-query"
 CLIENT_HEADER = "x-speedlayer-client"
 AUTH_HEADER = "authorization"
 HEADERS_MIDDLEWARE = "speedlayer-headers"
@@ -53,6 +59,7 @@ class QueryRequest:
     timeout_ms: int = 0
     joined: tuple[tuple[str, str], ...] = ()  # ((dataset, epoch), ...): other datasets the SQL reads
     parameters: str = ""  # the values of the SQL's $1, $2, ... (`query_parameters.pack_parameters`)
+    query_id: str = ""  # set by the gateway: what CANCEL_ACTION names to stop the query
 
     def to_ticket(self) -> bytes:
         body = {k: v for k, v in asdict(self).items() if v and k != "joined"}
@@ -75,7 +82,7 @@ class QueryRequest:
             item = value.get(name, 0)
             if not isinstance(item, int) or isinstance(item, bool) or item < 0:
                 raise InvalidRequestError(f"query ticket: {name}={item!r}: expected an integer >= 0")
-        for name in ("epoch", "parameters"):
+        for name in ("epoch", "parameters", "query_id"):
             if not isinstance(value.get(name, ""), str):
                 raise InvalidRequestError(f"query ticket: {name!r} must be a string")
         joined = value.pop("joined", {})

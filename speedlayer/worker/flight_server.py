@@ -12,8 +12,8 @@ they are all the statement may read besides its dataset.
 Results stream as Arrow record batches. The first batch is computed before the call returns,
 so that errors (bad SQL, a deadline) reach the caller before any data and a gateway can
 still retry elsewhere; a result passing its row or byte limit fails mid-stream with
-`ResultTooLargeError`. A watchdog thread interrupts DuckDB when a query's deadline passes or
-its caller cancels. The worker serves one tenant: a call naming another is refused.
+`ResultTooLargeError`. A watchdog thread interrupts DuckDB when a query's deadline passes, its
+caller cancels, or the gateway asks (`CANCEL_ACTION`: the gateway's own caller has gone). The worker serves one tenant: a call naming another is refused.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from speedlayer.errors import (
-    InvalidQueryError, QueryCancelledError, QueryTimeoutError, ResultTooLargeError, SpeedLayerError,
+    InvalidQueryError, InvalidRequestError, QueryCancelledError, QueryTimeoutError, ResultTooLargeError, SpeedLayerError,
     TenantIsolationError, UnauthenticatedError,
 )
 from speedlayer.protocol.query import (
-    HEADERS_MIDDLEWARE, TENANT_HEADER, HeadersMiddlewareFactory, QueryLimits, QueryRequest, batch_bytes,
+    CANCEL_ACTION, HEADERS_MIDDLEWARE, TENANT_HEADER, HeadersMiddlewareFactory, QueryLimits, QueryRequest, batch_bytes,
     call_headers, to_flight,
 )
 from speedlayer.protocol.query_parameters import bound
@@ -53,6 +53,7 @@ class _Running:
     # Only while `do_get` runs: a call's context must not be touched once the call may have
     # ended (it is freed with the call), so it is detached before `do_get` returns.
     context: flight.ServerCallContext | None
+    query_id: str = ""  # the gateway's id for it (CANCEL_ACTION)
     reason: str = ""  # "timeout" or "cancelled" once interrupted
 
 
@@ -87,6 +88,16 @@ class QueryWatchdog:
             if running is not None:
                 running.context = None
 
+    def cancel(self, query_id: str) -> int:
+        """Interrupt the running queries with `query_id` (their caller has gone); how many."""
+        with self._lock:
+            found = [query for query in self._running.values() if query_id and query.query_id == query_id]
+            for query in found:
+                if not query.reason:
+                    query.reason = "cancelled"
+                    self._interrupt(query)
+        return len(found)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             now = time.monotonic()
@@ -104,6 +115,10 @@ class QueryWatchdog:
             query.reason = "cancelled"
         else:
             return
+        QueryWatchdog._interrupt(query)
+
+    @staticmethod
+    def _interrupt(query: _Running) -> None:
         try:
             query.cursor.interrupt()
         except Exception:  # the query may have just finished
@@ -136,6 +151,20 @@ class WorkerFlightServer(flight.FlightServerBase):
             raise to_flight(exc) from exc
         return flight.GeneratorStream(schema, batches)
 
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[flight.Result]:
+        """CANCEL_ACTION: stop this tenant's queries with the query id in the body (the gateway's
+        caller has gone); nothing else is served."""
+        try:
+            self._check_tenant(call_headers(context).get(TENANT_HEADER, ""))
+            if action.type != CANCEL_ACTION:
+                raise InvalidRequestError(f"action {action.type!r} is not served by a worker")
+        except SpeedLayerError as exc:
+            raise to_flight(exc) from exc
+        query_id = action.body.to_pybytes().decode() if action.body is not None else ""
+        stopped = self.watchdog.cancel(query_id)
+        logger.info("cancel of query %s asked by the gateway: %d running query(ies) interrupted", query_id, stopped)
+        return []
+
     def _check_tenant(self, tenant: str) -> None:
         if not tenant:
             raise UnauthenticatedError(f"missing the {TENANT_HEADER} header")
@@ -149,7 +178,7 @@ class WorkerFlightServer(flight.FlightServerBase):
         limits = self.limits.effective(request)
         pins = self._pin_all(request)
         cursor = self._cursor()
-        running = _Running(cursor, time.monotonic() + limits.timeout_ms / 1000, context)
+        running = _Running(cursor, time.monotonic() + limits.timeout_ms / 1000, context, request.query_id)
         token = self.watchdog.watch(running)
         try:
             for pin in pins:
@@ -209,10 +238,14 @@ class WorkerFlightServer(flight.FlightServerBase):
 
     @staticmethod
     def _interrupted(running: _Running, request: QueryRequest, limits: QueryLimits, epoch: str) -> SpeedLayerError:
+        error: SpeedLayerError
         if running.reason == "cancelled":
-            return QueryCancelledError(f"query on dataset {request.dataset!r} was cancelled by its caller")
-        return QueryTimeoutError(f"query on dataset {request.dataset!r} (epoch {epoch}) exceeded its deadline "
-                                 f"of {limits.timeout_ms} ms")
+            error = QueryCancelledError(f"query on dataset {request.dataset!r} was cancelled by its caller")
+        else:
+            error = QueryTimeoutError(f"query on dataset {request.dataset!r} (epoch {epoch}) exceeded its deadline "
+                                      f"of {limits.timeout_ms} ms")
+        logger.info("query %s interrupted: %s", request.query_id or "(no id)", error)
+        return error
 
     def _stream(self, first, reader, request: QueryRequest, running: _Running, limits: QueryLimits, epoch: str,
                 token: int, pins: list[EpochPin], cursor) -> Iterator[pa.RecordBatch]:

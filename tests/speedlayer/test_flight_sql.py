@@ -80,7 +80,7 @@ def gateways(tmp_path_factory):
     2000 rows; TLS; TLS requiring client certificates, a 1 s query deadline; results capped at 150,000
     rows, more than a worker's first batches, and streamed past their first KiB, so a result over
     its limit fails as it streams), "ca", "cert",
-    "key": PEM files} of a cluster whose acme datasets `orders`
+    "key": PEM files, "worker_log": the worker's log file} of a cluster whose acme datasets `orders`
     (3000 rows), `items` (30) and `events` (`_write_events`) are READY."""
     from tests.tls import make_certificates
 
@@ -111,7 +111,7 @@ def gateways(tmp_path_factory):
         with QueryClient(plain, "acme", token="s3cret") as native:
             eventually(lambda: _ready(native), deadline_s=30)
         yield {"plain": plain, "tls": tls, "mtls": mtls, "streaming": streaming, "ca": certs.ca_cert,
-               "cert": certs.cert, "key": certs.key}
+               "cert": certs.cert, "key": certs.key, "worker_log": root / "cluster" / "worker-acme-w1.log"}
     except BaseException:
         print(cluster.dump_logs())
         raise
@@ -438,3 +438,32 @@ def test_adbc_values_with_quotes_semicolons_and_unicode_are_bound_as_values(gate
         cursor.execute("SELECT count(*) FROM orders WHERE day IN (?, ?) AND amount >= ?",
                        parameters=("2024-01-03", "x\\'", decimal.Decimal("1499.5")))
         assert cursor.fetchall() == [(1,)]
+
+
+def test_a_client_that_gives_up_stops_its_query_on_the_worker(gateways):
+    """Issue 41: a client's deadline (or cancel) never reached the worker: the gateway's handler
+    sat in its call to the worker, which answers only once its first batch is computed, so the
+    query ran on to the gateway's own deadline (30 s here) holding the worker's thread."""
+    import time
+
+    from adbc_driver_flightsql import DatabaseOptions
+
+    log = gateways["worker_log"]
+    seen = len(log.read_text(errors="replace"))
+    heavy = "SELECT count(*) FROM orders a, orders b, orders c WHERE (a.id * 7 + b.id * 3 + c.id) % 1000003 = 17"
+    with _connect(gateways["plain"], **{DatabaseOptions.TIMEOUT_QUERY.value: "1"}) as conn, conn.cursor() as cursor:
+        started = time.monotonic()
+        with pytest.raises(adbc_manager.Error, match="(?i)deadline|timeout|timed out"):
+            cursor.execute(heavy)
+        gave_up = time.monotonic()
+    assert gave_up - started < 10
+
+    def stopped() -> str:
+        text = log.read_text(errors="replace")[seen:]
+        return text if "was cancelled by its caller" in text else ""
+
+    text = eventually(stopped, deadline_s=10)
+    assert "cancel of query" in text and "1 running query(ies) interrupted" in text, text
+    assert time.monotonic() - gave_up < 15  # well before the gateway's deadline of 30 s
+    with QueryClient(gateways["plain"], "acme", token="s3cret") as native:  # the worker answers at once
+        assert native.query("orders", "SELECT count(*) AS n FROM orders").to_pylist() == [{"n": 3000}]

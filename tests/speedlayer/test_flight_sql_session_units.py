@@ -6,6 +6,7 @@ statement analysis, parameters and routing are in `test_flight_sql_statement_uni
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterator
 
 import pyarrow as pa
@@ -127,12 +128,12 @@ def test_answers_started_ahead_go_to_the_same_handle_tenant_and_values_only_and_
     answer = (schema, [pa.record_batch([pa.array([1])], schema=schema)])
     ahead = AnswersAhead(capacity=2, ttl_s=60, threads=1)
     try:
-        assert ahead.start(b"h1", "acme", ("1",), ("e1",), lambda: answer)
+        assert ahead.start(b"h1", "acme", ("1",), ("e1",), "q", lambda: answer)
         for tenant, values in (("other", ("1",)), ("acme", ("2",))):
-            assert ahead.start(b"h1", "acme", ("1",), ("e1",), lambda: answer)
+            assert ahead.start(b"h1", "acme", ("1",), ("e1",), "q", lambda: answer)
             assert ahead.take(b"h1", tenant, values) is None  # and dropped
             assert ahead.take(b"h1", "acme", ("1",)) is None
-        assert ahead.start(b"h1", "acme", ("1",), ("e1",), lambda: answer)
+        assert ahead.start(b"h1", "acme", ("1",), ("e1",), "q", lambda: answer)
         started = ahead.take(b"h1", "acme", ("1",))
         assert started.epochs == ("e1",) and started.future.result() == answer
         assert ahead.take(b"h1", "acme", ("1",)) is None  # taken once
@@ -152,9 +153,9 @@ def test_answers_started_ahead_go_to_the_same_handle_tenant_and_values_only_and_
             next(batches)  # the stream is open
             return schema, batches
 
-        assert ahead.start(b"h2", "acme", (), ("e1",), slow) and began.wait(10)
-        assert ahead.start(b"h3", "acme", (), ("e1",), lambda: answer)  # queued behind h2 (one thread)
-        assert not ahead.start(b"h4", "acme", (), ("e1",), lambda: answer)  # capacity 2
+        assert ahead.start(b"h2", "acme", (), ("e1",), "q", slow) and began.wait(10)
+        assert ahead.start(b"h3", "acme", (), ("e1",), "q", lambda: answer)  # queued behind h2 (one thread)
+        assert not ahead.start(b"h4", "acme", (), ("e1",), "q", lambda: answer)  # capacity 2
         ahead.discard(b"h3")  # not begun: cancelled
         ahead.discard(b"h2")  # begun: its stream is closed once it is there
         release.set()
@@ -163,7 +164,7 @@ def test_answers_started_ahead_go_to_the_same_handle_tenant_and_values_only_and_
             time.sleep(0.01)
         assert closed and len(ahead) == 0
         expiring = AnswersAhead(ttl_s=0.0, threads=1)
-        expiring.start(b"h", "acme", (), ("e1",), lambda: answer)
+        expiring.start(b"h", "acme", (), ("e1",), "q", lambda: answer)
         assert expiring.take(b"h", "acme", ()) is None
         expiring.close()
     finally:
@@ -227,15 +228,15 @@ def test_answers_ahead_are_capped_per_tenant_and_expired_ones_are_dropped_on_len
     closed: list[str] = []
     ahead = AnswersAhead(capacity=4, ttl_s=60, threads=1, per_tenant=1)
     try:
-        assert ahead.start(b"a", "acme", (), ("e1",), lambda: (schema, []))
-        assert not ahead.start(b"b", "acme", (), ("e1",), lambda: (schema, []))
-        assert ahead.start(b"c", "other", (), ("e1",), lambda: (schema, []))
+        assert ahead.start(b"a", "acme", (), ("e1",), "q", lambda: (schema, []))
+        assert not ahead.start(b"b", "acme", (), ("e1",), "q", lambda: (schema, []))
+        assert ahead.start(b"c", "other", (), ("e1",), "q", lambda: (schema, []))
     finally:
         ahead.close()
     short = AnswersAhead(ttl_s=0.05, threads=1)
     try:
-        short.start(b"a", "acme", (), ("e1",), lambda: (schema, _stream(closed, "a")))
-        short.start(b"b", "acme", (), ("e1",), lambda: (schema, _stream(closed, "b")))
+        short.start(b"a", "acme", (), ("e1",), "q", lambda: (schema, _stream(closed, "a")))
+        short.start(b"b", "acme", (), ("e1",), "q", lambda: (schema, _stream(closed, "b")))
         time.sleep(0.1)
         assert short.take(b"a", "acme", ()) is None and len(short) == 0
         deadline = time.monotonic() + 10
@@ -283,11 +284,14 @@ class _FakeGateway:
         self.config = _config()
         self.routing = _NoReadyRouting()
 
-    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=(), parameters="") -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=(), parameters="", query_id="") -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         return self.routing.route(tenant, dataset, client_id, epoch)
 
     def relay(self, batches, tenant, started, context):
         return batches
+
+    def watching_caller(self, context, query_id):
+        return contextlib.nullcontext()
 
 
 def _service_and_context() -> tuple[FlightSqlService, _Context]:

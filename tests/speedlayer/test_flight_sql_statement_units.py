@@ -5,6 +5,7 @@ Sessions, held statements, metadata tables and status codes are in `test_flight_
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import re
@@ -270,7 +271,7 @@ class _RecordingGateway:
         self.routing = _Routing(epochs)
         self.runs: list[tuple[str, str | None, tuple[str, ...], tuple[str | None, ...]]] = []
 
-    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=(), joined_epochs=(), parameters=""):
+    def run_sql(self, tenant, dataset, sql, client_id, epoch=None, joined=(), joined_epochs=(), parameters="", query_id=""):
         self.runs.append((sql, epoch, tuple(joined), tuple(joined_epochs)))
         if "syntax" in sql.split("LIMIT 0")[-1]:  # nothing follows the probe's LIMIT 0
             raise InvalidQueryError("Parser Error: syntax error")
@@ -278,6 +279,9 @@ class _RecordingGateway:
 
     def relay(self, batches, tenant, started, context):
         return batches
+
+    def watching_caller(self, context, query_id):
+        return contextlib.nullcontext()
 
 
 def _prepare(service, context, sql: str) -> bytes:

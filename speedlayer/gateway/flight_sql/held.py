@@ -171,6 +171,7 @@ class StartedAnswer:
     tenant: str
     values: str  # the bound values, packed ("" for none)
     epochs: tuple[str, ...]
+    query_id: str  # the gateway's id for it on the worker (stopped when a waiting caller goes)
     future: Future
     expires: float
 
@@ -191,7 +192,7 @@ class AnswersAhead:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flight-sql-ahead")
 
-    def start(self, handle: bytes, tenant: str, values: str, epochs: tuple[str, ...],
+    def start(self, handle: bytes, tenant: str, values: str, epochs: tuple[str, ...], query_id: str,
               run: Callable[[], tuple[pa.Schema, Iterable[pa.RecordBatch]]]) -> bool:
         """Start `run` (the statement with `values`, on `epochs`) for `handle`, replacing an answer
         started for it before; False (nothing started) while `capacity` are held."""
@@ -204,7 +205,7 @@ class AnswersAhead:
             own = sum(1 for answer in self._started.values() if answer.tenant == tenant)
             started = len(self._started) < self.capacity and own < self.per_tenant
             if started:
-                self._started[handle] = StartedAnswer(tenant, values, epochs, self._pool.submit(run),
+                self._started[handle] = StartedAnswer(tenant, values, epochs, query_id, self._pool.submit(run),
                                                       now + self.ttl_s)
         for answer in dropped:
             drop(answer.future)
@@ -289,8 +290,9 @@ class Later:
     """A statement's answer still being computed, announced with `schema` (its shape's on the
     answer's epoch); `DoGet` waits for it (within the statement's deadline)."""
 
-    def __init__(self, future: Any, schema: pa.Schema, forget_schema: Callable[[], Any]) -> None:
+    def __init__(self, future: Any, schema: pa.Schema, forget_schema: Callable[[], Any], query_id: str = "") -> None:
         self.future, self.schema, self._forget_schema = future, schema, forget_schema
+        self.query_id = query_id  # the gateway's id for it on the worker (stopped if DoGet's caller goes)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         return iter(self.wait())

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -38,6 +38,7 @@ from speedlayer.config import GatewayConfig
 from speedlayer.errors import (
     InvalidRequestError, NotFoundError, ReplicaUnavailableError, SpeedLayerError,
 )
+from speedlayer.gateway.caller_watch import new_query_id
 from speedlayer.gateway.flight_sql import catalog
 from speedlayer.gateway.flight_sql.auth import SessionTokens, call_tenant
 from speedlayer.gateway.flight_sql.column_metadata import described
@@ -75,7 +76,9 @@ class StatementRunner(Protocol):
 
     def run_sql(self, tenant: str, dataset: str, sql: str, client_id: str, epoch: str | None = None,
                 joined: tuple[str, ...] = (), joined_epochs: tuple[str | None, ...] = (), parameters: str = "",
-                ) -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
+                query_id: str = "") -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
+
+    def watching_caller(self, context: flight.ServerCallContext, query_id: str) -> ContextManager[None]: ...
 
     def relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
               context: flight.ServerCallContext,
@@ -113,7 +116,7 @@ class FlightSqlService:
     def get_flight_info(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
         tenant, client_id = self._caller(context)
         command = unpack(descriptor.command or b"", "GetFlightInfo")
-        schema, batches, is_statement = self._answer(tenant, client_id, command)
+        schema, batches, is_statement = self._answer(context, tenant, client_id, command)
         if is_statement:
             schema = described(schema)
             if not isinstance(batches, Later):
@@ -140,7 +143,8 @@ class FlightSqlService:
         message = unpack_as(ticket, sql_pb2.TicketStatementQuery, "DoGet ticket")
         schema, batches = self.pending.take(tenant, message.statement_handle)
         if isinstance(batches, Later):
-            batches = batches.wait()
+            with self.gateway.watching_caller(context, batches.query_id):
+                batches = batches.wait()
         if isinstance(batches, Streamed):
             if isinstance(batches.batches, list):  # the whole answer is here: streamed without Python
                 GATEWAY_QUERIES.labels(tenant=tenant, outcome="OK").inc()
@@ -201,8 +205,10 @@ class FlightSqlService:
         tenant = call_tenant(headers, self.sessions, self._authenticate, allow_expired=allow_expired)
         return tenant, headers.get(CLIENT_HEADER) or context.peer().rsplit(":", 1)[0]
 
-    def _answer(self, tenant: str, client_id: str, command: Any) -> tuple[pa.Schema, Any, bool]:
-        """The schema and batches answering `command`, and whether it ran a statement."""
+    def _answer(self, context: flight.ServerCallContext, tenant: str, client_id: str,
+                command: Any) -> tuple[pa.Schema, Any, bool]:
+        """The schema and batches answering `command`, and whether it ran a statement (stopped on
+        its worker if the call of `context` is cancelled meanwhile)."""
         if isinstance(command, sql_pb2.CommandStatementQuery):
             if command.HasField("transaction_id"):
                 raise ReadOnlyError("transactions are not supported: the speed layer is read-only")
@@ -211,7 +217,10 @@ class FlightSqlService:
                 raise InvalidRequestError(f"the statement has {statement.parameter_count} parameter(s): prepare it "
                                           f"and bind them (a prepared statement)")
             dataset, joined = statement.targets()
-            return (*self.gateway.run_sql(tenant, dataset, statement.render(), client_id, joined=joined), True)
+            query_id = new_query_id()
+            with self.gateway.watching_caller(context, query_id):
+                return (*self.gateway.run_sql(tenant, dataset, statement.render(), client_id, joined=joined,
+                                              query_id=query_id), True)
         if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             prepared = self.prepared.get(tenant, command.prepared_statement_handle)
             statement, bound = prepared.statement, prepared.bound
@@ -221,13 +230,15 @@ class FlightSqlService:
             values = bound.values or ""
             answer = self.ahead.take(command.prepared_statement_handle, tenant, values)
             if answer is not None:
-                held = self._started_answer(tenant, client_id, statement, answer,
+                held = self._started_answer(context, tenant, client_id, statement, answer,
                                             bool(statement.parameter_count) and bound.values_fit_columns)
                 if held is not None:
                     return (*held, True)
             dataset, joined = statement.targets()
-            return (*self.gateway.run_sql(tenant, dataset, statement.bound_sql, client_id, joined=joined,
-                                          parameters=values), True)
+            query_id = new_query_id()
+            with self.gateway.watching_caller(context, query_id):
+                return (*self.gateway.run_sql(tenant, dataset, statement.bound_sql, client_id, joined=joined,
+                                              parameters=values, query_id=query_id), True)
         table = self._metadata(tenant, client_id, command)
         return table.schema, iter(table.to_batches()), False
 
@@ -285,16 +296,17 @@ class FlightSqlService:
             epochs = self._newest_epochs(tenant, client_id, (dataset, *joined))
         except SpeedLayerError:
             return
-        self.ahead.start(handle, tenant, values, epochs,
+        query_id = new_query_id()
+        self.ahead.start(handle, tenant, values, epochs, query_id,
                          lambda: self.gateway.run_sql(tenant, dataset, sql, client_id, epochs[0], joined=joined,
-                                                      joined_epochs=epochs[1:], parameters=values))
+                                                      joined_epochs=epochs[1:], parameters=values, query_id=query_id))
 
     def _newest_epochs(self, tenant: str, client_id: str, datasets: tuple[str, ...]) -> tuple[str, ...]:
         """The newest READY epoch of each of `datasets` (SpeedLayerError if one has none)."""
         return tuple(self.gateway.routing.route(tenant, name, client_id).epoch for name in datasets)
 
-    def _started_answer(self, tenant: str, client_id: str, statement: Statement, answer: StartedAnswer,
-                        fits: bool) -> tuple[pa.Schema, Any] | None:
+    def _started_answer(self, context: flight.ServerCallContext, tenant: str, client_id: str, statement: Statement,
+                        answer: StartedAnswer, fits: bool) -> tuple[pa.Schema, Any] | None:
         """The schema and batches of an answer started ahead, or None (dropped: run the statement
         now) if it has not begun or its epoch is no longer the dataset's newest READY one. While it
         is being computed, it is a `Later` (DoGet waits for it) if its schema is known before it
@@ -313,10 +325,11 @@ class FlightSqlService:
             key = (tenant, statement.shape, answer.epochs)
             schema = self._probed.get(key)
             if schema is not None:
-                return schema, Later(answer.future, schema, lambda: self._probed.pop(key, None))
+                return schema, Later(answer.future, schema, lambda: self._probed.pop(key, None), answer.query_id)
         if answer.future.cancel():  # not begun (the pool is busy): the caller runs it
             return None
-        return answer.future.result()
+        with self.gateway.watching_caller(context, answer.query_id):
+            return answer.future.result()
 
     def _columns(self, tenant: str, client_id: str, statement: Statement) -> pa.Schema | None:
         """The columns of the datasets `statement` reads (their newest READY epochs); None if it
