@@ -324,18 +324,21 @@ def _pruning(where: Any, partition_columns: list[str], parameters: dict[str, str
 def _admitted(conjunct: Node, parameters: dict[str, str]) -> tuple[str, frozenset[str] | None]:
     """(column, values) for `column = literal` or `column IN (literals)` (a `$n` of `parameters`
     counting as its value's literal), else ("", None)."""
+    sides: list[Node]
     if conjunct.get("type") == "COMPARE_EQUAL":
-        sides = [conjunct.get("left"), conjunct.get("right")]
+        sides = [conjunct.get("left") or {}, conjunct.get("right") or {}]
     elif conjunct.get("type") == "COMPARE_IN":
         sides = list(conjunct.get("children", []))
     else:
         return "", None
     refs = [s for s in sides[:1 if conjunct.get("type") == "COMPARE_IN" else 2] if s.get("class") == "COLUMN_REF"]
-    literals = [s.get("literal", {}) if s.get("class") == "CONSTANT"
-                else {"kind": "STRING", "text": parameters[str(s["identifier"])]}
-                if s.get("class") == "PARAMETER" and str(s.get("identifier")) in parameters else None
-                for s in sides if s.get("class") != "COLUMN_REF"]
-    if len(refs) != 1 or len(literals) != len(sides) - 1 or None in literals:
+    literals: list[Node] = []
+    for side in sides:
+        if side.get("class") == "CONSTANT":
+            literals.append(side.get("literal") or {})
+        elif side.get("class") == "PARAMETER" and str(side.get("identifier")) in parameters:
+            literals.append({"kind": "STRING", "text": parameters[str(side.get("identifier"))]})
+    if len(refs) != 1 or len(literals) != len(sides) - 1:
         return "", None
     if any(lit.get("kind") not in ("STRING", "INTEGER", "BIGINT") for lit in literals):
         return "", None
