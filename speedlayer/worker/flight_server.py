@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 BATCH_ROWS = 64 * 1024
 WATCHDOG_INTERVAL_S = 0.02
+# How long a cancelled query id is remembered: a CANCEL_ACTION may overtake its query's DoGet.
+CANCELLED_MEMORY_S = 60.0
 
 
 @dataclass
@@ -63,6 +65,7 @@ class QueryWatchdog:
 
     interval_s: float = WATCHDOG_INTERVAL_S
     _running: dict[int, _Running] = field(default_factory=dict)
+    _cancelled: dict[str, float] = field(default_factory=dict)  # query id -> when its cancel came
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -73,7 +76,10 @@ class QueryWatchdog:
         self._stop.set()
 
     def watch(self, running: _Running) -> int:
+        """Watch `running` until `unwatch`; one whose id was cancelled already starts as cancelled."""
         with self._lock:
+            if running.query_id and running.query_id in self._cancelled:
+                running.reason = "cancelled"
             token = id(running)
             self._running[token] = running
             return token
@@ -89,8 +95,13 @@ class QueryWatchdog:
                 running.context = None
 
     def cancel(self, query_id: str) -> int:
-        """Interrupt the running queries with `query_id` (their caller has gone); how many."""
+        """Interrupt the running queries with `query_id` (their caller has gone), and any that starts
+        with it within CANCELLED_MEMORY_S; how many were running."""
+        now = time.monotonic()
         with self._lock:
+            if query_id:
+                self._cancelled = {q: at for q, at in self._cancelled.items() if now - at < CANCELLED_MEMORY_S}
+                self._cancelled[query_id] = now
             found = [query for query in self._running.values() if query_id and query.query_id == query_id]
             for query in found:
                 if not query.reason:
@@ -104,7 +115,9 @@ class QueryWatchdog:
             # Checked under the lock: unwatch/detach (before the call ends) wait for it.
             with self._lock:
                 for query in self._running.values():
-                    if not query.reason:
+                    if query.reason:  # again: an interrupt that came before DuckDB began the query is lost
+                        self._interrupt(query)
+                    else:
                         self._check(query, now)
 
     @staticmethod
@@ -185,6 +198,8 @@ class WorkerFlightServer(flight.FlightServerBase):
                 served = pin.served
                 cursor.execute(f"CREATE TEMP VIEW {quote(served.dataset)} AS SELECT * FROM main.{quote(served.table)}")
             epoch = pins[0].served.epoch
+            if running.reason:  # cancelled before it began (the gateway's CANCEL_ACTION came first)
+                raise self._interrupted(running, request, limits, epoch)
             reader = self._run(cursor, request, running, limits, epoch)
             first = self._next(reader, request, running, limits, epoch)
         except BaseException:

@@ -163,6 +163,43 @@ def test_cancelled_call_interrupts_the_query(worker):
     assert errors
 
 
+def test_a_cancel_from_the_gateway_stops_its_query_running_or_not_yet_begun(worker):
+    """Issue 41: the gateway names a query by its id when its own caller has gone (CANCEL_ACTION);
+    the cancel may overtake the query's DoGet, so an id cancelled first is refused when it comes."""
+    from speedlayer.errors import QueryCancelledError
+    from speedlayer.protocol.query import CANCEL_ACTION
+
+    _, served, client, _ = worker
+    served.publish("orders", "v2-b", "orders__v2", version=2)
+
+    def cancel(query_id: str, tenant: str = "acme") -> None:
+        list(client.do_action(flight.Action(CANCEL_ACTION, query_id.encode()), options=call_options(tenant)))
+
+    cancel("early")
+    with pytest.raises(QueryCancelledError, match="cancelled by its caller"):
+        run(client, "SELECT count(*) FROM orders", query_id="early")
+    assert run(client, "SELECT count(*) AS n FROM orders", query_id="other").to_pylist() == [{"n": 300000}]
+    errors: list[Exception] = []
+
+    def slow() -> None:
+        try:
+            run(client, "SELECT count(*) FROM orders a, orders b WHERE (a.id * 7 + b.id) % 1000003 = 17",
+                timeout_ms=60_000, query_id="slow")
+        except Exception as exc:  # noqa: BLE001 - recorded for the assertion
+            errors.append(exc)
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    eventually(lambda: served.pins("orders", "v2-b") == 1, deadline_s=10)
+    with pytest.raises(flight.FlightError) as refused:
+        cancel("slow", tenant="other")  # another tenant's cancel is refused
+    assert isinstance(from_flight(refused.value), TenantIsolationError)
+    cancel("slow")
+    thread.join(10)
+    assert served.pins("orders", "v2-b") == 0
+    assert [type(e).__name__ for e in errors] == ["QueryCancelledError"], errors
+
+
 def test_ticket_validation():
     from speedlayer.errors import InvalidRequestError
 
