@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from functools import partial
 from typing import Callable, Protocol
 
 from danube_core.errors import DanubeError
@@ -87,13 +88,11 @@ class ClusterMembership:
         self._keep_alive: KeepAlive | None = None
         self._watch: WatchHandle | None = None
         self._threads: list[threading.Thread] = []
-        self._listener: AssignmentListener | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def join(self, listener: AssignmentListener) -> None:
         """Register, mark active, start following assignments and reporting load."""
-        self._listener = listener
         self._metadata.put_if_absent(cluster_name_key(self._cluster_name), NULL_JSON)
         self._register()
         state = BrokerState("active", "boot", wal_url=self._registration.wal_url)
@@ -103,8 +102,8 @@ class ClusterMembership:
             parsed = parse_assignment_key(key)
             if parsed is not None:
                 self._events.put(("put", parsed[1]))
-        self._start_thread("assignments", self._apply_events)
-        self._start_thread("load-report", self._report_load)
+        self._start_thread("assignments", partial(self._apply_events, listener))
+        self._start_thread("load-report", partial(self._report_load, listener))
         logger.info("broker %d joined cluster %s as %s", self.broker_id, self._cluster_name,
                     self._registration.broker_url)
 
@@ -162,36 +161,40 @@ class ClusterMembership:
         if parsed is not None and parsed[0] == self.broker_id:
             self._events.put((event.kind, parsed[1]))
 
-    def _apply_events(self) -> None:
+    def _apply_events(self, listener: AssignmentListener) -> None:
         while (item := self._events.get()) is not None:
             kind, topic = item
             try:
                 if kind == "put":
-                    self._listener.on_assigned(topic)
+                    listener.on_assigned(topic)
                 else:
-                    self._release(topic)
+                    self._release(listener, topic)
             except Exception:  # one bad topic must not stop the others
                 logger.exception("broker %d could not apply assignment %s of %s", self.broker_id, kind, topic)
 
-    def _release(self, topic: TopicName) -> None:
+    def _release(self, listener: AssignmentListener, topic: TopicName) -> None:
         key = unassigned_key(topic)
         marker_raw = self._metadata.get(key)
-        is_marker = marker_raw is not None and marker_raw != NULL_JSON
-        marked_unload = is_marker and UnassignedMarker.from_json(marker_raw, key).reason in UNLOAD_REASONS
-        unload = marked_unload or self._metadata.get(namespace_topic_key(topic)) is not None
-        self._listener.on_released(topic, unload=unload)
-        if marked_unload:
+        unload_marker = (  # the marker's bytes if it asks for an unload, else None
+            marker_raw
+            if marker_raw is not None and marker_raw != NULL_JSON
+            and UnassignedMarker.from_json(marker_raw, key).reason in UNLOAD_REASONS
+            else None
+        )
+        unload = unload_marker is not None or self._metadata.get(namespace_topic_key(topic)) is not None
+        listener.on_released(topic, unload=unload)
+        if unload_marker is not None:
             # Tell the leader we are done, unless it already moved on (the marker changed).
-            self._metadata.compare_and_put(key, marker_raw, released_marker(marker_raw, key))
+            self._metadata.compare_and_put(key, unload_marker, released_marker(unload_marker, key))
 
     # ---- load reports -------------------------------------------------------------------------
 
-    def _report_load(self) -> None:
+    def _report_load(self, listener: AssignmentListener) -> None:
         reporter = LoadReporter(self.broker_id)
         interval_s = self._coordination.load_report_interval_seconds
         while True:
             try:
-                self._metadata.put(load_key(self.broker_id), reporter.report(self._listener.topic_loads()))
+                self._metadata.put(load_key(self.broker_id), reporter.report(listener.topic_loads()))
             except DanubeError as exc:
                 logger.warning("load report of broker %d failed: %s", self.broker_id, exc)
             if self._stop.wait(interval_s):

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, overload
 
 import yaml
 
@@ -121,7 +121,7 @@ class SubscriptionConfig:
 class WalSection:
     """`wal_cloud.wal`: the local WAL of every reliable topic."""
 
-    dir: str | None
+    dir: str = "./danube-data/wal"
     file_name: str = "wal.log"
     cache_capacity: int = 1024
     interval_ms: int = 5000
@@ -204,14 +204,27 @@ class _Reader:
             raise self.scope.invalid(self.key(name), value, expected)
         return value
 
+    # A value with a default is never None: the overloads say so to the callers.
+    @overload
+    def integer(self, name: str, default: int, minimum: int = 0, maximum: int = 2**64 - 1) -> int: ...
+    @overload
+    def integer(self, name: str, default: None, minimum: int = 0, maximum: int = 2**64 - 1) -> int | None: ...
     def integer(self, name: str, default: int | None, minimum: int = 0, maximum: int = 2**64 - 1) -> int | None:
         ok = lambda v: type(v) is int and minimum <= v <= maximum  # noqa: E731 - bool is not an int here
         return self.value(name, default, ok, f"an integer in {minimum}..{maximum}")
 
+    @overload
+    def number(self, name: str, default: float, minimum: float = 0.0) -> float: ...
+    @overload
+    def number(self, name: str, default: None, minimum: float = 0.0) -> float | None: ...
     def number(self, name: str, default: float | None, minimum: float = 0.0) -> float | None:
         ok = lambda v: type(v) in (int, float) and v >= minimum  # noqa: E731
         return self.value(name, default, ok, f"a number >= {minimum}")
 
+    @overload
+    def text(self, name: str, default: str) -> str: ...
+    @overload
+    def text(self, name: str, default: None) -> str | None: ...
     def text(self, name: str, default: str | None) -> str | None:
         return self.value(name, default, lambda v: isinstance(v, str) and v != "", "a non-empty string")
 
@@ -359,9 +372,9 @@ def _wal(section: _Reader) -> WalSection:
     sync.only({"interval_ms", "max_batch_bytes", "durable"})
     rotation.only({"max_bytes", "max_hours"})
     retention.only({"time_minutes", "size_mb", "check_interval_minutes"})
-    d = WalSection(dir=None)
+    d = WalSection()
     return WalSection(
-        dir=section.text("dir", "./danube-data/wal"),
+        dir=section.text("dir", d.dir),
         file_name=section.text("file_name", d.file_name),
         cache_capacity=section.integer("cache_capacity", d.cache_capacity),
         interval_ms=sync.integer("interval_ms", d.interval_ms, 1),

@@ -49,6 +49,7 @@ class ConsumerSession:
 
     def deliver(self, msg: StreamMessage) -> None:
         """Hand a message to the attached stream (the caller checked `streaming`)."""
+        assert self._queue is not None, "deliver() without an attached stream"
         self._queue.put_nowait(msg)
 
     def end_stream(self) -> None:

@@ -215,7 +215,7 @@ class TopicAssigner:
             self._metadata.delete(key)
             return
         marker = UnassignedMarker.from_json(raw, key)
-        if marker.reason == "unload" and marker.from_broker is not None and not self._released(topic, marker, key, raw):
+        if marker.reason == "unload" and marker.from_broker is not None and not self._released(topic, marker.from_broker, key, raw):
             self._schedule("assign", key, delay_s=RETRY_DELAY_S)
             return
         self._forget(key)
@@ -229,9 +229,9 @@ class TopicAssigner:
         self._metadata.delete(key)
         logger.info("topic %s assigned to broker %d", topic, target)
 
-    def _released(self, topic: TopicName, marker: UnassignedMarker, key: str, raw: bytes) -> bool:
-        """True once the old owner sealed the topic, is gone, or the wait timed out."""
-        if is_released(raw, key) or not self._registered(marker.from_broker):
+    def _released(self, topic: TopicName, from_broker: int, key: str, raw: bytes) -> bool:
+        """True once the old owner `from_broker` sealed the topic, is gone, or the wait timed out."""
+        if is_released(raw, key) or not self._registered(from_broker):
             return True
         delivery_raw = self._metadata.get(delivery_key(topic))
         if delivery_raw is not None and parse_delivery(delivery_raw, delivery_key(topic)) == NON_RELIABLE:
@@ -240,11 +240,11 @@ class TopicAssigner:
         state_raw = self._metadata.get(state_key)
         if state_raw is not None:
             state = SealedState.from_json(state_raw, state_key)
-            if state.sealed and state.broker_id == marker.from_broker:
+            if state.sealed and state.broker_id == from_broker:
                 return True
         if self._waited(("seal", key)) > self._seal_wait_s:
             logger.warning("broker %d did not seal %s within %.0fs; assigning anyway",
-                           marker.from_broker, topic, self._seal_wait_s)
+                           from_broker, topic, self._seal_wait_s)
             return True
         return False
 

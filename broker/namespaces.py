@@ -13,6 +13,7 @@ etcd (`present`) before anything is decided on it.
 
 from __future__ import annotations
 
+import builtins
 import logging
 
 from danube_core.keys import (
@@ -103,7 +104,7 @@ class Namespaces:
                 names.add(parts[2])
         return sorted(names)
 
-    def topics(self, namespace: str) -> list[TopicName]:
+    def topics(self, namespace: str) -> builtins.list[TopicName]:  # `list` is the method above
         """Every indexed topic and partition of the namespace, sorted by name."""
         rows = self._metadata.get_prefix(namespace_topics_prefix(namespace), keys_only=True)
         return [topic_from_namespace_index_key(key) for key, _ in rows]

@@ -72,7 +72,7 @@ class WalRetention:
         deleted = self._wal.delete_segments(s.seq for s in chosen)
         logger.info(
             "WAL retention for %s deleted %d segment(s) up to offset %d: %s",
-            self._wal.directory, len(deleted), max(s.last_offset for s in chosen), deleted,
+            self._wal.directory, len(deleted), max(s.last_offset for s in chosen if s.last_offset is not None), deleted,
         )
         return deleted
 

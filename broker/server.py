@@ -152,24 +152,24 @@ class BrokerServer:
     async def start(self) -> None:
         cfg = self.config
         self._dir_lock = DataDirLock(cfg.wal.dir)
-        self.metadata = await asyncio.to_thread(self._connect_metadata)
-        await asyncio.to_thread(self._resume_identity)
-        await asyncio.to_thread(self._bootstrap_metadata)
+        metadata = self.metadata = await asyncio.to_thread(self._connect_metadata)
+        await asyncio.to_thread(self._resume_identity, metadata)
+        await asyncio.to_thread(self._bootstrap_metadata, metadata)
         # A stale read of the lookup cache only delays what a client sees.
-        cache = await asyncio.to_thread(open_lookup_cache, self.metadata, f"broker-{self.broker_id}")
-        self.lookups = CachedMetadataStore(self.metadata, cache)
-        self._engine = StorageEngine(storage_settings(cfg), self.metadata, self.broker_id)
-        registry = TopicRegistry(self.lookups)
-        self.service = BrokerService(cfg, registry, self._engine, self.broker_id, asyncio.get_running_loop(),
-                                     served_keys=ServedTopicKeys(cache))
+        cache = await asyncio.to_thread(open_lookup_cache, metadata, f"broker-{self.broker_id}")
+        lookups = self.lookups = CachedMetadataStore(metadata, cache)
+        engine = self._engine = StorageEngine(storage_settings(cfg), metadata, self.broker_id)
+        registry = TopicRegistry(lookups)
+        service = self.service = BrokerService(cfg, registry, engine, self.broker_id, asyncio.get_running_loop(),
+                                               served_keys=ServedTopicKeys(cache))
         self._grpc = grpc.aio.server(options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
         ])
-        add_services(self._grpc, self.service)
+        add_services(self._grpc, service)
         self._serve_metrics()
-        add_schema_registry(self._grpc, self.metadata)
+        add_schema_registry(self._grpc, metadata)
         native = use_native_front(cfg.listener.grpc_front, cfg.source)
         grpc_address = "127.0.0.1:0" if native else cfg.listener.bind_address  # behind the front: loopback only
         grpc_port = self._grpc.add_insecure_port(grpc_address)
@@ -177,9 +177,9 @@ class BrokerServer:
             raise ConfigError(f"config {cfg.source}: cannot listen on {grpc_address} (port in use?)")
         await self._grpc.start()
         if native:
-            self._front = SendFront(self.service, cfg.listener.bind_address, f"127.0.0.1:{grpc_port}",
+            self._front = SendFront(service, cfg.listener.bind_address, f"127.0.0.1:{grpc_port}",
                                     GRPC_MAX_MESSAGE_BYTES, GRPC_GRACE_SECONDS, cfg.source)
-        await asyncio.to_thread(self._join_cluster)
+        await asyncio.to_thread(self._join_cluster, metadata, lookups, service, engine)
         logger.info("broker %d serving on %s (advertised %s), etcd %s", self.broker_id,
                     cfg.listener.bind_address, cfg.listener.broker_url, cfg.meta_store.endpoint)
 
@@ -210,13 +210,15 @@ class BrokerServer:
             logger.info("started an embedded etcd on %s (data in %s)", self._etcd.endpoint, store.data_dir)
         return store.etcd.connect()
 
-    def _bootstrap_metadata(self) -> None:
-        namespaces = Namespaces(self.metadata)
+    def _bootstrap_metadata(self, metadata: MetadataStore) -> None:
+        namespaces = Namespaces(metadata)
         for name in (*SYSTEM_NAMESPACES, *self.config.bootstrap_namespaces):
             namespaces.ensure(name, self.config.policies)
-        self.metadata.put_if_absent(topic_root_key(SYSTEM_TOPIC), dump_u64(0))
+        metadata.put_if_absent(topic_root_key(SYSTEM_TOPIC), dump_u64(0))
 
-    def _join_cluster(self) -> None:
+    def _join_cluster(
+        self, metadata: MetadataStore, lookups: CachedMetadataStore, service: BrokerService, engine: StorageEngine
+    ) -> None:
         cfg = self.config
         registration = BrokerRegistration(
             admin_addr=f"http://{cfg.listener.admin_addr}",
@@ -226,22 +228,22 @@ class BrokerServer:
             wal_url=self._wal_url(),
         )
         self._membership = ClusterMembership(
-            self.lookups, self.broker_id, registration, cfg.cluster_name, cfg.coordination,
+            lookups, self.broker_id, registration, cfg.cluster_name, cfg.coordination,
             resumed_lease=self._resumed_lease,
             on_registered=lambda lease_id: write_identity(cfg.wal.dir, BrokerIdentity(self.broker_id, lease_id)))
-        self._membership.join(self.service)
-        self._assigner = TopicAssigner(self.lookups, self._engine.keys)
+        self._membership.join(service)
+        self._assigner = TopicAssigner(lookups, engine.keys)
         coordination = cfg.coordination
-        self._election = broker_election(self.metadata, self.broker_id, coordination.leader_ttl_seconds,
+        self._election = broker_election(metadata, self.broker_id, coordination.leader_ttl_seconds,
                                          coordination.leader_check_interval_seconds,
                                          on_elected=self._assigner.start, on_deposed=self._assigner.stop)
         self._election.start()
 
-    def _resume_identity(self) -> None:
+    def _resume_identity(self, metadata: MetadataStore) -> None:
         """Take the previous process's id and registration back if its lease still lives
         (`broker.identity`); the WAL root is locked, so that process is gone."""
         previous = read_identity(self.config.wal.dir)
-        self._resumed_lease = resume_identity(self.metadata, previous, self.config.coordination.register_ttl_seconds)
+        self._resumed_lease = resume_identity(metadata, previous, self.config.coordination.register_ttl_seconds)
         if self._resumed_lease is not None and previous is not None:
             self.broker_id = previous.broker_id
             logger.info("restarting as broker %d on its own data (%s): its registration is still alive, "

@@ -123,6 +123,7 @@ class TieredReader:
 
     def _read_wal(self, pos: int) -> Generator[StreamMessage, None, tuple[int, bool]]:
         """Yield WAL messages from `pos`; returns (next pos, False if the WAL skipped one)."""
+        assert self._wal is not None, "called only once _wal_first found the WAL serves pos"
         for msg in self._wal.read(pos):
             offset = msg.msg_id.topic_offset
             if offset < pos:
@@ -222,6 +223,7 @@ class TieredReader:
             yield msg
             pos += 1
         if scan.stop_reason == STOP_CRC:
+            assert scan.stop_pos is not None  # a scan that stopped says where
             offset = FRAME_HEADER.unpack_from(buf, scan.stop_pos)[0]
             raise CorruptFrameError(source, offset, base + scan.stop_pos, "CRC mismatch")
         return pos, scan.safe_end

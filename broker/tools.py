@@ -183,6 +183,7 @@ def _dump_frames(fh: Any, target: str, chunk_bytes: int, out: TextIO, err: TextI
     if scanner.stop_reason == STOP_END:
         return EXIT_OK
     reason = "CRC mismatch" if scanner.stop_reason == STOP_CRC else "torn frame at end of file"
+    assert scanner.stop_pos is not None  # a scan that stopped says where
     err.write(f"{CorruptFrameError(target, scanner.stop_offset, scanner.stop_pos, reason)}\n")
     return EXIT_CORRUPT
 

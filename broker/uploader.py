@@ -81,7 +81,7 @@ class ReadOnlyWal:
     @property
     def last_offset(self) -> int | None:
         """Largest offset of a whole frame in any file: the dead broker may have acked it."""
-        return max((seg.last_offset for seg in self._segments), default=None)
+        return max((seg.last_offset for seg in self._segments if seg.last_offset is not None), default=None)
 
     def segments(self) -> list[WalSegment]:
         return list(self._segments)
@@ -167,6 +167,7 @@ class _CycleScan:
                 if piece is not None:
                     yield piece
                 if scan.stop_reason == STOP_CRC and not self.stopped:
+                    assert scan.stop_pos is not None  # a scan that stopped says where
                     offset = FRAME_HEADER.unpack_from(buf, scan.stop_pos)[0]
                     self.corrupt = CorruptFrameError(seg.path, offset, carry_pos + scan.stop_pos,
                                                      "CRC mismatch")
@@ -255,9 +256,8 @@ class Uploader:
         self._clock = clock
         self._durable = durable
         self._chunk_bytes = chunk_bytes
-        read_only = isinstance(wal, ReadOnlyWal)
-        self._fs = wal.fs if read_only else None
-        self._ckpt_path = None if read_only else uploader_checkpoint_path(wal)
+        self._fs = wal.fs if isinstance(wal, ReadOnlyWal) else None
+        self._ckpt_path = None if isinstance(wal, ReadOnlyWal) else uploader_checkpoint_path(wal)
         self._lock = threading.Lock()
         self._progress: _Progress | None = None  # None: reconcile before the next cycle
         self._taken_ids: set[str] = set()  # ids of objects that may exist without a descriptor
@@ -276,9 +276,8 @@ class Uploader:
     def run_cycle(self) -> ObjectDescriptor | None:
         """Upload what the WAL holds beyond the committed offset; the descriptor, or None."""
         with self._lock:
-            if self._progress is None:
-                self._reconcile()
-            scan = _CycleScan(self._topic, self._progress, self._chunk_bytes, self._max_object_bytes,
+            progress = self._progress if self._progress is not None else self._reconcile()
+            scan = _CycleScan(self._topic, progress, self._chunk_bytes, self._max_object_bytes,
                               self._fs)
             pieces = scan.pieces(self._wal.segments())
             first = next(pieces, None)
@@ -290,6 +289,9 @@ class Uploader:
                 for piece in chain([first], pieces):
                     writer.write(piece.data)
             self._corrupt, self._capped = scan.corrupt, scan.capped
+            # `first` came from the scan: it added at least one frame and kept its piece.
+            assert scan.start_offset is not None and scan.end_offset is not None
+            assert scan.last_piece is not None
             descriptor = ObjectDescriptor(
                 object_id=object_id, start_offset=scan.start_offset, end_offset=scan.end_offset,
                 size=writer.size, etag=writer.etag, created_at=int(self._clock()), completed=True,
@@ -349,8 +351,9 @@ class Uploader:
 
     # ---- crash recovery -----------------------------------------------------------------
 
-    def _reconcile(self) -> None:
-        """Align `uploader.ckpt` with etcd, and delete objects no descriptor can reference."""
+    def _reconcile(self) -> _Progress:
+        """Align `uploader.ckpt` with etcd, and delete objects no descriptor can reference;
+        returns the progress it also keeps as `_progress`."""
         ckpt = (read_checkpoint(self._ckpt_path, UploaderCheckpoint) if self._ckpt_path else None
                 ) or UploaderCheckpoint()
         # Without an object id the checkpoint records no upload (the retention reads it so too).
@@ -374,6 +377,7 @@ class Uploader:
                 self._write_checkpoint(progress)
         self._delete_orphans(local, remote)
         self._progress = progress
+        return progress
 
     def _delete_orphans(self, local: int | None, remote: int | None) -> None:
         """Delete objects this uploader left without a descriptor (crash or failed commit).

@@ -36,7 +36,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from itertools import islice
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Generator, Iterable
 
 from danube_core.checkpoints import WAL_CHECKPOINT_NAME, WalCheckpoint, write_checkpoint
 from danube_core.errors import DanubeError
@@ -191,8 +191,9 @@ class Wal:
             self._open_active(scanned[-1].seq)
         else:
             self._open_active(self._max_seq + 1)
-        if self._rotated:
-            self._last_flushed = max(s.last_offset for s in self._rotated)
+        lasts = [s.last_offset for s in self._rotated if s.last_offset is not None]  # all of them
+        if lasts:
+            self._last_flushed = max(lasts)
             self._next_offset = self._last_flushed + 1
         if initial_offset is not None:
             self._apply_initial_offset(initial_offset)
@@ -320,6 +321,7 @@ class Wal:
             if write_checkpoint and pending is not None:
                 self._publish_checkpoint(pending)
             return
+        assert last is not None, "a non-empty batch holds at least one frame, so a last offset"
         self._append_to_file(data)
         self.flush_count += 1
         with self._lock:
@@ -368,18 +370,24 @@ class Wal:
         return WalSegment(self._active_seq, self._active_path, first, self._active_last)
 
     def _first_on_disk_locked(self) -> int:
-        firsts = [s.first_offset for s in self._rotated if s.first_offset is not None]
-        if self._active_last is not None:
-            firsts.append(self._active_first)
+        live = [*self._rotated, self._active_segment_locked()]
+        firsts = [s.first_offset for s in live if s.first_offset is not None]
         return min(firsts, default=self._next_offset)
 
     def _build_checkpoint_locked(self) -> WalCheckpoint:
+        # Built only once a frame is flushed; a file is rotated (or kept as rotated on
+        # recovery) only once it holds a frame, so every rotated file has a first offset.
+        assert self._last_flushed is not None, "a checkpoint is built only after a flush"
+        rotated_files = []
+        for s in self._rotated:
+            assert s.first_offset is not None, f"rotated WAL file {s.path} holds no frame"
+            rotated_files.append((s.seq, s.path, s.first_offset))
         return WalCheckpoint(
             start_offset=self._first_on_disk_locked(),
             last_offset=self._last_flushed,
             file_seq=self._active_seq,
             file_path=self._active_path,
-            rotated_files=[(s.seq, s.path, s.first_offset) for s in self._rotated],
+            rotated_files=rotated_files,
             active_file_name=os.path.basename(self._active_path),
             last_rotation_at=None,
             active_file_first_offset=self._active_first,
@@ -447,7 +455,7 @@ class Wal:
             self._cond.wait_for(lambda: self._next_offset > offset or self._closed, timeout_s)
             return self._next_offset > offset
 
-    def read(self, from_offset: int) -> Iterator[StreamMessage]:
+    def read(self, from_offset: int) -> Generator[StreamMessage, None, None]:
         """Messages from `from_offset` up to the head at call time: files, then memory.
 
         Offsets below the first one on disk, or lost to corruption, are skipped with a
@@ -457,7 +465,7 @@ class Wal:
             end = self._next_offset
         return self._read_range(from_offset, end)
 
-    def _read_range(self, pos: int, end: int) -> Iterator[StreamMessage]:
+    def _read_range(self, pos: int, end: int) -> Generator[StreamMessage, None, None]:
         while pos < end:
             with self._lock:
                 mem_first = self._recent[0][0] if self._recent else end
@@ -474,7 +482,7 @@ class Wal:
 
     def _read_files(
         self, segments: list[WalSegment], pos: int, stop: int
-    ) -> Iterator[StreamMessage]:
+    ) -> Generator[StreamMessage, None, int]:
         """Yield what the files hold in `[pos, stop)`; returns `stop` (all of it was looked at)."""
         floor = min((s.first_offset for s in segments if s.first_offset is not None), default=stop)
         if pos < min(floor, stop):

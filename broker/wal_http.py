@@ -141,7 +141,9 @@ class WalHttpServer(ThreadingHTTPServer):
 
     def url(self, host: str | None = None) -> str:
         """The root URL readers use (`host` defaults to the bound address)."""
-        return f"http://{host or self.server_address[0]}:{self.port}/"
+        bound = self.server_address[0]
+        assert isinstance(bound, str), "an AF_INET server is bound to a str address"
+        return f"http://{host or bound}:{self.port}/"
 
     def start(self) -> "WalHttpServer":
         self._thread = threading.Thread(target=self.serve_forever, name="wal-http", daemon=True)

@@ -151,7 +151,7 @@ class ObjectWriter:
         self.etag: str | None = None
         self._handle = handle
 
-    def write(self, data: bytes) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         written = _guard("write", self.url, lambda: self._handle.write(data))
         self.size += len(data)
         return written if written is not None else len(data)
