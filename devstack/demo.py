@@ -147,6 +147,7 @@ def _run_pipeline(stack: EmbeddedStack, root: Path, console: bool) -> None:
         metrics = runner.run()
         say(f"pipeline finished: {metrics.totals()}")
         _show_results(runner, config)
+        assert config.target.path is not None, f"{PIPELINE_FILE} writes its target by path"
         _query_speed_layer(stack, root, config.target.path, env if console else None)
     finally:
         runner.stop()

@@ -15,10 +15,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from danube_core.ports import free_port, stop_processes, wait_for_port
 from devstack import REPO_ROOT
+
+if TYPE_CHECKING:
+    from speedlayer.clients import ManagementClient
 
 
 class EmbeddedSpeedLayer:
@@ -39,7 +42,7 @@ class EmbeddedSpeedLayer:
             "gateway": {"port": self.gateway_port},
         }))
         self.processes: dict[str, subprocess.Popen] = {}
-        self._client = None
+        self._client: ManagementClient | None = None  # set by start()
 
     @property
     def master(self) -> str:
@@ -68,8 +71,8 @@ class EmbeddedSpeedLayer:
             self.start_worker(f"w{i}", worker_memory_mb, worker_threads)
         self._spawn("gateway", "gateway", "--config", str(self.config_path))
         wait_for_port(self.gateway_port)
-        self._client = ManagementClient([self.master], deadline_s=60)
-        self._wait(lambda: len(self._client.workers(self.tenant).workers) >= workers, 60, "workers registered")
+        client = self._client = ManagementClient([self.master], deadline_s=60)
+        self._wait(lambda: len(client.workers(self.tenant).workers) >= workers, 60, "workers registered")
         return self
 
     def start_worker(self, worker_id: str, memory_mb: int = 2048, threads: int = 2) -> subprocess.Popen:
@@ -80,12 +83,14 @@ class EmbeddedSpeedLayer:
         """Admit a Delta table; returns the epoch once READY on `replication` workers."""
         from speedlayer.clients import delta_request
 
-        reply = self._client.admit(delta_request(self.tenant, dataset, table_uri, replication=replication))
+        client = self._client
+        assert client is not None, "admit() after start()"
+        reply = client.admit(delta_request(self.tenant, dataset, table_uri, replication=replication))
         if reply.status not in ("ASSIGNED", "PLANNED"):
             raise RuntimeError(f"admission of {table_uri} refused: {reply.status} {reply.message}")
 
         def ready() -> bool:
-            status = self._client.status(self.tenant, dataset, reply.epoch_id)
+            status = client.status(self.tenant, dataset, reply.epoch_id)
             return sum(r.state == "READY" for e in status.epochs for r in e.replicas) >= replication
 
         self._wait(ready, timeout_s, f"epoch {reply.epoch_id} READY")

@@ -138,9 +138,9 @@ def read_trail(spark: SparkSession, table: TableConfig, pipeline: str) -> TableT
             return None
         delta = DeltaTable.forPath(spark, table.path)
     else:
-        if not spark.catalog.tableExists(table.table):
+        if not spark.catalog.tableExists(table.table_name):
             return None
-        delta = DeltaTable.forName(spark, table.table)
+        delta = DeltaTable.forName(spark, table.table_name)
     for limit in (HISTORY_PAGE, None):
         history = delta.history(limit) if limit is not None else delta.history()
         commits = [(r["version"], r["userMetadata"]) for r in history.select("version", "userMetadata").collect()]

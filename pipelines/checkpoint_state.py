@@ -59,6 +59,7 @@ class CheckpointFiles:
     def __init__(self, spark: SparkSession, location: str) -> None:
         self.location = location.rstrip("/")
         jvm = spark._jvm  # classic sessions only: Spark Connect has no driver JVM here
+        assert jvm is not None, "a classic session's driver JVM is up while the session is"
         self._jvm = jvm
         self._root = jvm.org.apache.hadoop.fs.Path(self.location)
         self._fs = self._root.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())

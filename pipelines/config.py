@@ -25,7 +25,7 @@ import types
 import typing
 from dataclasses import field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Annotated, Any, Final, Literal, Mapping, Union
 
 import yaml
 from pydantic import BeforeValidator, ConfigDict, Strict, TypeAdapter, ValidationError
@@ -103,8 +103,8 @@ FreeForm = Annotated[Mapping[str, Any], BeforeValidator(lambda v: _plain(v) if i
 # Every section: unknown keys are errors (a typo would otherwise do nothing).
 _SECTION = ConfigDict(extra="forbid")
 
-AVAILABLE_NOW = "availableNow"
-PROCESSING_TIME = "processingTime"
+AVAILABLE_NOW: Final = "availableNow"
+PROCESSING_TIME: Final = "processingTime"
 
 
 @dataclass(frozen=True, config=_SECTION)
@@ -158,6 +158,12 @@ class TableConfig:
     @property
     def location(self) -> str:
         return self.path if self.path is not None else f"table {self.table}"
+
+    @property
+    def table_name(self) -> str:
+        """`table`, for a table not given by `path` (a loaded config sets exactly one)."""
+        assert self.table is not None, f"{self} names neither a path nor a table"
+        return self.table
 
 
 @dataclass(frozen=True, config=_SECTION)

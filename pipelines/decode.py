@@ -112,6 +112,11 @@ class Decoder:
         """
         if self.schemas is None or self.config.format == "raw":
             return None, None
+        return self._subject_versions()
+
+    def _subject_versions(self) -> tuple[int, int]:
+        """`resolve_versions` for a decoder with a registry subject."""
+        assert self.schemas is not None, "called only for a decoder with a registry subject"
         meta = self.schemas.subject_metadata()
         return meta.id, self.config.version or meta.latest_version
 
@@ -125,7 +130,10 @@ class Decoder:
             return prepared.withColumn(DECODE_ERROR, self._expressions.get("no error", lambda: F.lit(None).cast("string")))
         if self.schemas is None:
             return self._decode_with(prepared, self._inline())
-        schema_id, default = versions if versions is not None and versions[1] is not None else self.resolve_versions()
+        if versions is not None and versions[1] is not None:
+            schema_id, default = versions[0], versions[1]
+        else:
+            schema_id, default = self._subject_versions()
         return self._decode_versions(prepared, schema_id, default)
 
     def _inline(self) -> PayloadSchema:
@@ -261,7 +269,9 @@ class Decoder:
         with_corrupt = StructType(schema.struct.fields + [StructField(_CORRUPT, StringType())])
         parsed = F.from_json(text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
         names = list(schema.field_names)
-        extra = F.map_filter(F.from_json(text, MapType(StringType(), StringType())), lambda k, _: ~k.isin(*names))
+        # The ignore: from_json takes a MapType schema too; pyspark's annotation lists only the others.
+        as_map = F.from_json(text, MapType(StringType(), StringType()))  # type: ignore[arg-type]
+        extra = F.map_filter(as_map, lambda k, _: ~k.isin(*names))
         missing = F.concat_ws(", ", *[F.when(F.col(_PARSED)[r].isNull(), F.lit(r)) for r in schema.required])
         error = (
             F.when(F.col(PAYLOAD).isNull() | (F.length(F.col(PAYLOAD)) == 0), F.lit("empty payload"))

@@ -293,7 +293,7 @@ class DeltaBatchWriter:
         if table.path is not None:
             writer.save(table.path)
         else:
-            writer.saveAsTable(table.table)
+            writer.saveAsTable(table.table_name)
         self.warmer.warm(rows.sparkSession, table)
         return table.location
 

@@ -76,5 +76,5 @@ def compute_state(spark: SparkSession, table: TableConfig) -> None:
     """Have Delta compute (and keep) the state of `table`'s newest snapshot."""
     from delta.tables import DeltaTable
 
-    found = DeltaTable.forPath(spark, table.path) if table.path is not None else DeltaTable.forName(spark, table.table)
+    found = DeltaTable.forPath(spark, table.path) if table.path is not None else DeltaTable.forName(spark, table.table_name)
     found.detail().collect()

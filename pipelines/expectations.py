@@ -155,9 +155,11 @@ class QualityGate:
             self.suite,
             result_format={"result_format": "COMPLETE", "unexpected_index_column_names": INDEX_COLUMNS},
         )
-        outcomes, failed = [], {}
+        outcomes: list[ExpectationOutcome] = []
+        failed: dict[tuple[str, int], tuple[str, ...]] = {}
         for res in result.results:
             config = res.expectation_config
+            assert config is not None, "a suite's validation result names the expectation it ran"
             name = rule_name(ExpectationRule(config.type, dict(config.kwargs)))
             details = res.result or {}
             outcomes.append(ExpectationOutcome(name, bool(res.success), details.get("element_count"),

@@ -233,7 +233,9 @@ class PipelineRunner:
         while True:
             query = self.query or self.start()
             try:
-                while not query.awaitTermination(STOP_POLL_S):
+                # The ignore: pyspark takes a float timeout (it sends int(timeout * 1000) ms) but
+                # annotates it as int.
+                while not query.awaitTermination(STOP_POLL_S):  # type: ignore[arg-type]
                     if self._stop_requested.is_set():
                         self.stop()
                         return self.metrics
@@ -258,10 +260,11 @@ class PipelineRunner:
         lock = self._writer.lock if self._writer is not None else None
         try:
             if lock is not None:
-                release_after_stop(self.metadata, lock)
-        except DanubeError as exc:  # the lease then expires on its own
-            logger.warning("pipeline %s: could not release subscription lock %s: %s", self.config.name,
-                           lock.key, exc)
+                try:
+                    release_after_stop(self.metadata, lock)
+                except DanubeError as exc:  # the lease then expires on its own
+                    logger.warning("pipeline %s: could not release subscription lock %s: %s",
+                                   self.config.name, lock.key, exc)
         finally:
             self.metadata.close()
             if self.endpoint is not None:

@@ -12,7 +12,8 @@ from pyspark.sql import functions as F
 spark = SparkSession.active()
 
 
-@dp.table(name="orders_bronze", format="delta", comment="Danube /default/orders as it was published")
+# The ignore: pyspark 4.2's `table` takes `format`, but its typing overloads leave it out.
+@dp.table(name="orders_bronze", format="delta", comment="Danube /default/orders as it was published")  # type: ignore[call-overload]
 def orders_bronze():
     return (
         spark.readStream.format("danube")
