@@ -23,6 +23,7 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Iterator
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
@@ -54,6 +55,13 @@ MAX_REPLICATION = 16
 
 def _digest(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _assigned_to(record: AssignmentRecord, workers: list[str]) -> AssignmentRecord | None:
+    """A PLANNED `record` ASSIGNED to `workers` (None: not PLANNED, or no worker chosen)."""
+    if record.status != PLANNED or not workers:
+        return None
+    return replace(record, status=ASSIGNED, replicas={w: ReplicaRecord() for w in workers})
 
 
 def epoch_id(tenant: str, dataset: str, resolved: ResolvedTable, wanted: PartitionFilter) -> str:
@@ -183,16 +191,17 @@ class AdmissionController:
         existing = self._state.record(tenant, dataset, epoch)
         if existing is not None and existing.status != EVICTED:
             return existing
-        incremental = (base is not None and change is not None and change.incremental and not base.sharded
-                       and not self._shard_plans(tenant, dataset, epoch, resolved))
-        base_epoch = base.epoch if incremental else ""
+        # (base, change) when the new epoch is an increment on `base`, else None.
+        increment = ((base, change) if base is not None and change is not None and change.incremental
+                     and not base.sharded and not self._shard_plans(tenant, dataset, epoch, resolved) else None)
+        base_epoch = increment[0].epoch if increment is not None else ""
         request_id = _digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:20]
         record = self._create(tenant, dataset, resolved, epoch, request_id,
                               spec.replication or self._default_replication(tenant),
-                              base=base if incremental else None, audit_detail=detail)
+                              base=increment[0] if increment is not None else None, audit_detail=detail)
         if record.status != PENDING:
             return record
-        source = incremental_source(resolved, change) if incremental else None
+        source = incremental_source(resolved, increment[1]) if increment is not None else None
         with self._placing(record):
             record = self._plan(record, resolved, source=source, base_epoch=base_epoch)
             return self._assign(record, preferred=base.staying() if base is not None else ())
@@ -261,9 +270,11 @@ class AdmissionController:
         check_usage(*self._state.usage(tenant), tenant, tenant_config, global_config, footprint(record, base))
         for index, shard in enumerate(shards):  # before the epoch names them: never a dangling shard id
             self._create_shard(record, index, shard, resolved, by_epoch)
+        created = None
         if (tenant, dataset, epoch) in by_epoch and by_epoch[(tenant, dataset, epoch)].status == EVICTED:
-            created = self._state.update_record(tenant, dataset, epoch, lambda r: record, also=also)  # admitted again
-        else:
+            # Admitted again; None if the reconciler deleted the record since (its retention over).
+            created = self._state.update_record(tenant, dataset, epoch, lambda r: record, also=also)
+        if created is None:
             created = self._state.create_record(record, also=also)
         if created.status == PENDING and created.request_id == request_id:
             self._audit_status(created, {"request_id": request_id, "files": resolved.file_count,
@@ -329,9 +340,9 @@ class AdmissionController:
         plan_write = () if record.sharded else (  # written with the record's PLANNED, never after it
             self._state.plan_write(self._load_plan(record, resolved, source or resolved.source, base_epoch)),)
         for target in [*to_plan, record]:
-            updated = self._state.update_record(target.tenant, target.dataset, target.epoch,
-                                                lambda r: replace(r, status=PLANNED) if r.status == PENDING else None,
-                                                also=plan_write if target is record else ())
+            updated = self._state.update_existing(target.tenant, target.dataset, target.epoch,
+                                                  lambda r: replace(r, status=PLANNED) if r.status == PENDING else None,
+                                                  also=plan_write if target is record else ())
             self._audit_status(updated, {"plan_id": f"{target.tenant}/{target.dataset}/{target.epoch}"})
         self._hooks.after_planned(updated)
         return updated
@@ -360,7 +371,7 @@ class AdmissionController:
             free = {c.worker_id: c.free_bytes for c in candidates if c.memory_bytes > 0 and not c.draining}
             return replace(placed, message=shortfall(placed, len(candidates), free))
 
-        updated = self._state.update_record(record.tenant, record.dataset, record.epoch, assign, also=also)
+        updated = self._state.update_existing(record.tenant, record.dataset, record.epoch, assign, also=also)
         if updated.status == ASSIGNED:
             self._audit_status(updated, {"workers": sorted(updated.replicas)})
             self._placed()
@@ -382,10 +393,8 @@ class AdmissionController:
                 candidates = [replace(c, assigned_bytes=c.assigned_bytes + shard.estimated_memory_bytes,
                                       epoch_count=c.epoch_count + 1) if c.worker_id in chosen else c
                               for c in candidates]
-                shard = self._state.update_record(
-                    shard.tenant, shard.dataset, shard.epoch,
-                    lambda r, w=chosen: replace(r, status=ASSIGNED, replicas={x: ReplicaRecord() for x in w})
-                    if r.status == PLANNED and w else None) or shard
+                shard = self._state.update_record(shard.tenant, shard.dataset, shard.epoch,
+                                                  partial(_assigned_to, workers=chosen)) or shard
                 if shard.status == ASSIGNED:
                     self._audit_status(shard, {"workers": sorted(shard.replicas), "shard_of": record.epoch})
             shards[shard_epoch] = shard

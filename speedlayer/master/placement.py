@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import AbstractSet, Callable
 
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary
 
@@ -67,7 +67,7 @@ def _drop_and_fill(epochs: list[EpochPlacement], pool: dict[str, Candidate], kee
 
 
 def select_evenly(strategy: AssignmentStrategy, plan: PlanSummary, candidates: list[Candidate], replicas: int,
-                  exclude: set[str] = frozenset()) -> list[str]:
+                  exclude: AbstractSet[str] = frozenset()) -> list[str]:
     """`strategy.select`, first among the tenant's workers holding fewer replicas than their
     fair share (the mean count once these are placed, rounded up), then, for what is still
     missing, among all. New replicas thus keep the counts within what `_balance` accepts: placed

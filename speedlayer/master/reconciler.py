@@ -13,12 +13,13 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Callable
 
 from danube_core.errors import DanubeError
 
 from speedlayer.master.desired import DesiredEpochs
-from speedlayer.master.lifecycle import evictions
+from speedlayer.master.lifecycle import Eviction, evictions
 from speedlayer.master.load_failures import failed_everywhere, replication_target, retire_failed_replicas
 from speedlayer.master.placement import EpochPlacement, balanced, next_placement
 from speedlayer.master.record_index import EPOCH_STATUSES, epoch_counts, worker_loads_of
@@ -184,11 +185,11 @@ class Reconciler:
             self._fail_if_unplaceable(record, max_failures)
         self._roll_up_shards()
         changed = self._state.take_desired()  # only the workers whose epochs changed
-        for key, held in changed.items():
+        for worker_key, held in changed.items():
             if held:
-                self._desired[key] = held
+                self._desired[worker_key] = held
             else:
-                self._desired.pop(key, None)
+                self._desired.pop(worker_key, None)
         old = self._state.superseded()
         desired = DesiredEpochs(self._desired, old)  # once for every worker
         everyone = old != self._synced_superseded  # what is superseded decides what is (re)sent
@@ -264,10 +265,8 @@ class Reconciler:
                           need) if old else []
         for eviction in found:
             record = eviction.record
-            updated = self._state.update_record(
-                record.tenant, record.dataset, record.epoch,
-                lambda r, why=eviction: replace(r, status=EVICTED, replicas={}, message=f"evicted ({why.reason}): "
-                                                f"{why.detail}") if r.live else None)
+            updated = self._state.update_record(record.tenant, record.dataset, record.epoch,
+                                                partial(_evicted, why=eviction))
             if updated is not None and updated.status == EVICTED:
                 EVICTIONS.labels(reason=eviction.reason).inc()
                 self._audit.record(AuditEvent(kind="epoch.EVICTED", tenant=record.tenant, dataset=record.dataset,
@@ -324,7 +323,9 @@ class Reconciler:
                 continue
             updated = self._state.update_record(record.tenant, record.dataset, record.epoch,
                                                 lambda current: retire_failed_replicas(current))
-            for worker in sorted(set(updated.load_failures) - set(record.load_failures) if updated else ()):
+            if updated is None:
+                continue
+            for worker in sorted(set(updated.load_failures) - set(record.load_failures)):
                 reason = updated.load_failures[worker]
                 self._audit.record(AuditEvent(
                     kind="replica.FAILED", tenant=record.tenant, dataset=record.dataset, epoch=record.epoch,
@@ -361,7 +362,7 @@ class Reconciler:
             if rolled_up(epoch, shards, now_ms) is None:
                 continue
             updated = self._state.update_record(epoch.tenant, epoch.dataset, epoch.epoch,
-                                                lambda current, s=shards: rolled_up(current, s, now_ms))
+                                                partial(rolled_up, shards=shards, now_ms=now_ms))
             if updated is not None and updated.status != epoch.status:
                 self._audit.record(AuditEvent(kind=f"admission.{updated.status}", tenant=epoch.tenant,
                                               dataset=epoch.dataset, epoch=epoch.epoch, master_id=self._master_id,
@@ -374,7 +375,7 @@ class Reconciler:
             parent = by_key.get((shard.tenant, shard.dataset, shard.shard_of))
             if cascaded(shard, parent) is not None:
                 self._state.update_record(shard.tenant, shard.dataset, shard.epoch,
-                                          lambda current, p=parent: cascaded(current, p))
+                                          partial(cascaded, epoch=parent))
 
     def _retire_leaving(self, record: AssignmentRecord, live: set[tuple[str, str]]) -> None:
         """Drop leaving replicas once their replacements are READY (or the worker is gone)."""
@@ -416,6 +417,13 @@ class Reconciler:
             session.held.pop(ref, None)
             session.sent.discard(ref)
             session.send(data_unassignment=_unassignment(dataset, epoch))
+
+
+def _evicted(record: AssignmentRecord, why: Eviction) -> AssignmentRecord | None:
+    """`record` EVICTED for `why` (None: it is no longer live, nothing to evict)."""
+    if not record.live:
+        return None
+    return replace(record, status=EVICTED, replicas={}, message=f"evicted ({why.reason}): {why.detail}")
 
 
 def _assignment(record: AssignmentRecord, plan):

@@ -14,13 +14,14 @@ import logging
 import os
 import threading
 import time
+from typing import cast
 from concurrent import futures
 
 import grpc
 
 from danube_core.election import LeaseElection
 from danube_core.errors import DanubeError
-from danube_core.metadata import Lease
+from danube_core.metadata import Lease, MetadataStore
 
 from speedlayer.api.v1 import control_plane_service_pb2_grpc as cp_grpc
 from speedlayer.api.v1 import management_service_pb2_grpc as mg_grpc
@@ -72,7 +73,7 @@ class LeaderRuntime:
             server.audit, server.config.master_id, self._changed,
             followed=lambda tenant, dataset: self.refresher.look_at(tenant, dataset, "admitted"),
             hooks=server.hooks)
-        self.refresher = Refresher(self.state, server.config_view, server.table_sources["delta_table"],
+        self.refresher = Refresher(self.state, server.config_view, server.delta_source,
                                    self.admission, server.audit, server.config.master_id,
                                    make_room=self.reconciler.make_room)
 
@@ -110,10 +111,12 @@ class MasterServer:
         self.keys = SpeedLayerKeys(config.key_root)
         self.audit = audit or JsonlAuditLogger(config.audit_log or f"speedlayer-audit-{config.master_id}.jsonl")
         self._store = config.etcd.connect()  # TLS, user and password from the `etcd:` section
-        self.metadata = TimedMetadataStore(self._store)
+        # A proxy, not a subclass: it forwards every attribute to the store (timing the data
+        # operations), so it is used as the MetadataStore it wraps.
+        self.metadata = cast(MetadataStore, TimedMetadataStore(self._store))
         self.config_view = ConfigView(self.metadata, self.keys, self._config_changed)
-        self.table_sources: dict[str, TableSource] = {
-            "delta_table": VersionCachedDeltaSource(config.delta_storage_options)}
+        self.delta_source = VersionCachedDeltaSource(config.delta_storage_options)  # the refresher's too
+        self.table_sources: dict[str, TableSource] = {"delta_table": self.delta_source}
         if config.iceberg_catalogs:
             from speedlayer.sources.iceberg import IcebergTableSource
 

@@ -337,16 +337,18 @@ class ClusterState:
         self._cache(key, existing, raw)
         return existing
 
-    def _cache(self, key: str, record: AssignmentRecord | None, raw: bytes | None) -> None:
+    def _cache(self, key: str, record: AssignmentRecord, raw: bytes) -> None:
         with self._lock:
-            if record is None:
-                old = self.records.pop(key, None)
-                self._raw.pop(key, None)
-                if old is not None:
-                    self.index.remove(key, old)
-            elif key not in self.records or self._raw.get(key) != raw:  # the same bytes: the same record
+            if key not in self.records or self._raw.get(key) != raw:  # the same bytes: the same record
                 self.records[key], self._raw[key] = record, raw
                 self.index.put(key, record)
+
+    def _uncache(self, key: str) -> None:
+        with self._lock:
+            old = self.records.pop(key, None)
+            self._raw.pop(key, None)
+            if old is not None:
+                self.index.remove(key, old)
 
     def update_record(self, tenant: str, dataset: str, epoch: str,
                       change: Callable[[AssignmentRecord], AssignmentRecord | None],
@@ -365,7 +367,7 @@ class ClusterState:
             if raw is None:
                 raw = self.metadata.get(key)
                 if raw is None:
-                    self._cache(key, None, None)
+                    self._uncache(key)
                     self.put_all(also)
                     return None
             current = AssignmentRecord.from_json(raw, key)
@@ -381,6 +383,16 @@ class ClusterState:
                 return updated
             raw = None
         raise MetadataError(f"{key}: 20 concurrent changes in a row; giving up this update")
+
+    def update_existing(self, tenant: str, dataset: str, epoch: str,
+                        change: Callable[[AssignmentRecord], AssignmentRecord | None],
+                        also: Companions = ()) -> AssignmentRecord:
+        """`update_record` of a record the caller has just read or written; MetadataError if it
+        was deleted meanwhile (only EVICTED records are, after their retention)."""
+        updated = self.update_record(tenant, dataset, epoch, change, also)
+        if updated is None:
+            raise MetadataError(f"{self.keys.assignment(tenant, dataset, epoch)}: deleted while being changed")
+        return updated
 
     def _write(self, key: str, expected: bytes | None, value: bytes, also: Companions) -> bool:
         if also:
@@ -401,7 +413,7 @@ class ClusterState:
         self.metadata.delete(key)
         self.metadata.delete(plan_key)
         self._plans.pop(plan_key, None)
-        self._cache(key, None, None)
+        self._uncache(key)
 
     def put_plan(self, plan: cp.LoadPlan) -> None:
         self.metadata.put(*self.plan_write(plan))

@@ -12,6 +12,7 @@ import itertools
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import AbstractSet
 
 from speedlayer.errors import InvalidRequestError
 
@@ -49,7 +50,7 @@ class PlanSummary:
         return f"{self.tenant}/{self.dataset}/{self.epoch}"
 
 
-def eligible(plan: PlanSummary, candidates: list[Candidate], exclude: set[str] = frozenset()) -> list[Candidate]:
+def eligible(plan: PlanSummary, candidates: list[Candidate], exclude: AbstractSet[str] = frozenset()) -> list[Candidate]:
     """The candidates any strategy may choose for `plan`: same tenant, not draining, room left."""
     return [c for c in candidates if c.tenant == plan.tenant and not c.draining
             and c.worker_id not in exclude and c.fits(plan.estimated_bytes)]
@@ -61,7 +62,7 @@ class AssignmentStrategy(ABC):
     name = "abstract"
 
     def select(self, plan: PlanSummary, candidates: list[Candidate], replicas: int,
-               exclude: set[str] = frozenset()) -> list[str]:
+               exclude: AbstractSet[str] = frozenset()) -> list[str]:
         pool = eligible(plan, candidates, exclude)
         return [c.worker_id for c in self.rank(plan, pool)[:max(replicas, 0)]]
 
@@ -114,8 +115,9 @@ class CapacityAwareStrategy(AssignmentStrategy):
 
 
 def strategy_named(name: str) -> AssignmentStrategy:
-    strategies = {"round_robin": RoundRobinStrategy, "rendezvous": RendezvousStrategy,
-                  "capacity": CapacityAwareStrategy}
+    strategies: dict[str, type[RoundRobinStrategy | RendezvousStrategy | CapacityAwareStrategy]] = {
+        "round_robin": RoundRobinStrategy, "rendezvous": RendezvousStrategy, "capacity": CapacityAwareStrategy,
+    }
     if name not in strategies:
         raise InvalidRequestError(f"strategy {name!r}: expected one of {sorted(strategies)}")
     return strategies[name]()

@@ -7,17 +7,23 @@ The gRPC handler drains the queue into the stream; anything may enqueue from any
 
 from __future__ import annotations
 
+import enum
 import itertools
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from danube_core.metadata import Lease
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 
-CLOSE = object()  # queued to end a session's stream
+class _Close(enum.Enum):
+    CLOSE = "close"
+
+
+CLOSE = _Close.CLOSE  # queued to end a session's stream (an enum member, so `is CLOSE` narrows)
 _event_ids = itertools.count(1)
 
 
@@ -29,7 +35,7 @@ class WorkerSession:
     capacity: cp.WorkerCapacity
     lease: Lease
     heartbeat_interval_s: float
-    outgoing: "queue.Queue[object]" = field(default_factory=queue.Queue)
+    outgoing: "queue.Queue[cp.EventStreamMessage | _Close]" = field(default_factory=queue.Queue)
     held: dict[str, str] = field(default_factory=dict)
     sent: set[str] = field(default_factory=set)
     memory_used_bytes: int = 0
@@ -44,7 +50,9 @@ class WorkerSession:
     def key(self) -> tuple[str, str]:
         return (self.tenant, self.worker_id)
 
-    def send(self, **payload: object) -> None:
+    def send(self, **payload: Any) -> None:
+        """Queue a message carrying `payload`, one field of its `payload` oneof (the protobuf
+        constructor checks the field and its type)."""
         if not self.closed:
             self.outgoing.put(cp.EventStreamMessage(event_id=f"m{next(_event_ids)}", tenant_id=self.tenant,
                                                     worker_id=self.worker_id, **payload))

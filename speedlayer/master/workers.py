@@ -74,8 +74,8 @@ class WorkerDirectory:
                 _not_held, worker=session.worker_id))
         for epoch in held:
             ref = f"{epoch.dataset_id}/{epoch.epoch_id}"
-            record = self._state.record(session.tenant, epoch.dataset_id, epoch.epoch_id)
-            if record is None or not record.live:
+            found = self._state.record(session.tenant, epoch.dataset_id, epoch.epoch_id)
+            if found is None or not found.live:
                 session.held[ref] = "STALE"  # dropped by the next sync
                 continue
             if epoch.status != Status.COMPLETED:

@@ -89,7 +89,7 @@ class QueryRequest:
         if not isinstance(joined, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
                                                    for k, v in joined.items()):
             raise InvalidRequestError("query ticket: 'joined' must map dataset -> epoch (non-empty strings)")
-        names = cls.__dataclass_fields__.keys()  # type: ignore[attr-defined]
+        names = cls.__dataclass_fields__.keys()
         return cls(**{k: v for k, v in value.items() if k in names}, joined=tuple(sorted(joined.items())))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.api.v1 import management_service_pb2 as mg
@@ -51,7 +52,7 @@ def source_kind(source: mg.DataSourceIdentifier) -> str:
     return kind
 
 
-def matches(partition_values: dict[str, str | None], wanted: PartitionFilter) -> bool:
+def matches(partition_values: Mapping[str, str | None], wanted: PartitionFilter) -> bool:
     """A file is loaded if `wanted` is empty or one spec's values all equal the file's."""
     return not wanted or any(
         all(partition_values.get(col) == val for col, val in spec.items()) for spec in wanted

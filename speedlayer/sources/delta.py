@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -21,6 +22,9 @@ from speedlayer.errors import InvalidRequestError, PreconditionError, SourceErro
 from speedlayer.sources import (
     PartitionFilter, ResolvedTable, TableSource, check_partition_columns, matches,
 )
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +57,7 @@ class DeltaTableSource(TableSource):
     def __init__(self, storage_options: dict[str, str] | None = None) -> None:
         self._storage_options = dict(storage_options or {})
         self._lock = threading.Lock()
-        self._latest: dict[str, object] = {}  # table URI -> a DeltaTable without files (polling)
+        self._latest: dict[str, DeltaTable] = {}  # table URI -> a DeltaTable without files (polling)
 
     def resolve(self, source: mg.DataSourceIdentifier, partitions: PartitionFilter) -> ResolvedTable:
         request = source.delta_table
@@ -108,7 +112,7 @@ class DeltaTableSource(TableSource):
         found = {int(h.get("version", -1)): str(h.get("operation", "?")) for h in history}
         return [f"{v}:{found[v]}" for v in sorted(found) if after < v <= upto]
 
-    def _open(self, table_uri: str, version: int | None, without_files: bool = False):
+    def _open(self, table_uri: str, version: int | None, without_files: bool = False) -> DeltaTable:
         from deltalake import DeltaTable
         from deltalake.exceptions import DeltaError, TableNotFoundError
 

@@ -16,6 +16,7 @@ import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 import grpc
 
@@ -38,7 +39,7 @@ class HeldEpoch:
     dataset: str
     epoch: str
     table: str
-    status: int = Status.IN_PROGRESS
+    status: cp.DataPullStatusUpdateEvent.Status = Status.IN_PROGRESS
     rows: int = 0
     bytes: int = 0
     version: int = -1
@@ -96,7 +97,9 @@ class WorkerAgent:
             backoff = min(backoff * 2, MAX_RECONNECT_BACKOFF_S)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _message(self, **payload: object) -> cp.EventStreamMessage:
+    def _message(self, **payload: Any) -> cp.EventStreamMessage:
+        """A message carrying `payload`, one field of its `payload` oneof (the protobuf
+        constructor checks the field and its type)."""
         return cp.EventStreamMessage(tenant_id=self.config.tenant, worker_id=self.config.worker_id, **payload)
 
     def _register_event(self) -> cp.EventStreamMessage:
@@ -150,7 +153,7 @@ class WorkerAgent:
 
         threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
-    def _send(self, **payload: object) -> None:
+    def _send(self, **payload: Any) -> None:
         outgoing = self._outgoing
         if outgoing is not None:
             outgoing.put(self._message(**payload))

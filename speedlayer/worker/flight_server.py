@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -40,6 +40,9 @@ from speedlayer.worker.loader import quote
 from speedlayer.worker.serving import EpochPin, ServedDatasets
 from speedlayer.worker.sql_guard import check_query
 
+if TYPE_CHECKING:
+    import duckdb
+
 logger = logging.getLogger(__name__)
 
 BATCH_ROWS = 64 * 1024
@@ -50,7 +53,7 @@ CANCELLED_MEMORY_S = 60.0
 
 @dataclass
 class _Running:
-    cursor: object
+    cursor: duckdb.DuckDBPyConnection
     deadline: float
     # Only while `do_get` runs: a call's context must not be touched once the call may have
     # ended (it is freed with the call), so it is detached before `do_get` returns.
@@ -141,7 +144,7 @@ class QueryWatchdog:
 class WorkerFlightServer(flight.FlightServerBase):
     """Serves `served`'s epochs to callers of tenant `tenant`; `cursor()` opens a DuckDB cursor."""
 
-    def __init__(self, location: str, *, tenant: str, served: ServedDatasets, cursor: Callable[[], object],
+    def __init__(self, location: str, *, tenant: str, served: ServedDatasets, cursor: Callable[[], duckdb.DuckDBPyConnection],
                  limits: QueryLimits | None = None) -> None:
         super().__init__(location, middleware={HEADERS_MIDDLEWARE: HeadersMiddlewareFactory()})
         self.tenant = tenant

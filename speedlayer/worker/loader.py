@@ -15,10 +15,14 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
+
+if TYPE_CHECKING:
+    import duckdb
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +59,8 @@ class EpochLoader:
                  storage_options: dict[str, dict] | None = None) -> None:
         import duckdb
 
-        config = {"threads": str(max(1, threads)), "preserve_insertion_order": "false"}
+        config: dict[str, str | bool | int | float | list[str]] = {
+            "threads": str(max(1, threads)), "preserve_insertion_order": "false"}
         if memory_limit_bytes > 0:
             config["memory_limit"] = f"{max(64, memory_limit_bytes // (1024 * 1024))}MB"
         self._db = duckdb.connect(":memory:", config=config)
@@ -88,7 +93,7 @@ class EpochLoader:
         with self._lock:
             con.execute(f"DROP TABLE IF EXISTS {table}")
             con.execute(f"ALTER TABLE {staging} RENAME TO {table}")
-        rows = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        rows = _one_row(con.execute(f"SELECT count(*) FROM {table}"))[0]
         return LoadResult(rows=rows, bytes=sum(f.size_bytes for f in files),
                           seconds=time.perf_counter() - started, memory_bytes=self.memory_bytes())
 
@@ -132,14 +137,21 @@ class EpochLoader:
             self._db.cursor().execute(f"DROP TABLE IF EXISTS {quote(table_name)}")
 
     def count(self, table_name: str) -> int:
-        return self._db.cursor().execute(f"SELECT count(*) FROM {quote(table_name)}").fetchone()[0]
+        return _one_row(self._db.cursor().execute(f"SELECT count(*) FROM {quote(table_name)}"))[0]
 
     def memory_bytes(self) -> int:
         try:
-            row = self._db.cursor().execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
+            row = _one_row(self._db.cursor().execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()"))
             return int(row[0] or 0)
         except Exception:  # older DuckDB without duckdb_memory(): memory is not reported
             return 0
+
+
+def _one_row(cursor: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
+    """The row of an aggregate query (count, sum), which always returns exactly one."""
+    row = cursor.fetchone()
+    assert row is not None, "an aggregate query returns one row"
+    return row
 
 
 def _by_partition(files: list[cp.DataFile], columns: set[str]) -> dict[tuple, list[cp.DataFile]]:

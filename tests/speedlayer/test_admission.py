@@ -19,7 +19,7 @@ from speedlayer.master.admission_hooks import AdmissionHooks
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import Candidate, RendezvousStrategy
 from speedlayer.observability.audit import MemoryAuditLogger
-from speedlayer.records import PLANNED, TenantConfig
+from speedlayer.records import EVICTED, PLANNED, TenantConfig
 from speedlayer.sources import ResolvedTable, TableSource
 from tests.rig import eventually
 
@@ -130,3 +130,24 @@ def test_the_admission_hooks_see_the_record_planned_before_any_worker_is_assigne
                                      lambda tenant: workers, audit, "m1", lambda: None, hooks=Recording())
     assert controller.admit(delta_request("acme", "orders", "/t")).status == "ASSIGNED"
     assert seen == [(PLANNED, PLANNED, {})]
+
+
+def test_an_evicted_epoch_deleted_while_it_is_admitted_again_is_created_anew(rig, monkeypatch):
+    """Admitting an EVICTED epoch again rewrites its record; the reconciler may delete that
+    record (its retention over) between the admission's read and its write. The admission
+    then creates the record anew; it used to fail on the missing record."""
+    controller, state, *_ = rig
+    first = controller.admit(delta_request("acme", "orders", "/t"))
+    state.update_record("acme", "orders", first.epoch_id, lambda r: replace(r, status=EVICTED, replicas={}))
+    update_record = state.update_record
+
+    def deleted_first(tenant, dataset, epoch, change, also=()):
+        current = state.record(tenant, dataset, epoch)
+        if current is not None and current.status == EVICTED:
+            state.delete_record(current)  # the reconciler's retention, just before this write
+        return update_record(tenant, dataset, epoch, change, also=also)
+
+    monkeypatch.setattr(state, "update_record", deleted_first)
+    again = controller.admit(delta_request("acme", "orders", "/t"))
+    assert (again.epoch_id, again.status) == (first.epoch_id, "ASSIGNED")
+    assert state.get_plan("acme", "orders", first.epoch_id).source.delta.version == 3
