@@ -24,6 +24,13 @@ from tests.unit.test_pipeline_metrics_endpoint import report
 pytestmark = pytest.mark.unit
 
 
+class HeldSession:
+    """The session stand-in: the runner reads its Spark version (which trigger limits it can
+    honour) and holds it."""
+
+    version = "4.2.0"
+
+
 @pytest.fixture
 def no_services(monkeypatch):
     """No etcd, storage or Spark: the checks pass, etcd is in memory, a session is refused."""
@@ -54,7 +61,7 @@ def refused(port: int) -> bool:
 
 def test_a_runner_serves_its_metrics_until_stopped(no_services):
     port = free_port()
-    runner = PipelineRunner(metrics_config(port), spark=object())  # type: ignore[arg-type]
+    runner = PipelineRunner(metrics_config(port), spark=HeldSession())  # type: ignore[arg-type]
     try:
         runner.metrics.record(report(0, rows=10, valid=7, decode=3, expectations=0))
         text = scrape(port)
@@ -82,7 +89,7 @@ def test_the_endpoint_is_closed_when_the_runner_cannot_be_built(no_services):
 
 
 def test_without_a_metrics_section_nothing_listens(no_services):
-    runner = PipelineRunner(parse_config(with_changes(None), "pipe.yaml", env={}), spark=object())  # type: ignore[arg-type]
+    runner = PipelineRunner(parse_config(with_changes(None), "pipe.yaml", env={}), spark=HeldSession())  # type: ignore[arg-type]
     try:
         assert runner.endpoint is None
     finally:
