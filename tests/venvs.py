@@ -8,6 +8,7 @@ nothing that did not change, and concurrent pytest-xdist workers build each once
 
 from __future__ import annotations
 
+import configparser
 import fcntl
 import hashlib
 import os
@@ -104,6 +105,29 @@ def _mkdtemp(parent: Path) -> str:
     import tempfile
 
     return tempfile.mkdtemp(prefix="source-", dir=parent)
+
+
+def declared_requirements(extras: list[str]) -> list[str]:
+    """What installing the project with `extras` requires, as setup.cfg declares it (extras that
+    name other extras, `danube-spark[...]`, expanded): what a venv's contents depend on, so an
+    edit elsewhere in setup.cfg does not make a cached venv anew."""
+    config = configparser.ConfigParser()
+    config.read(REPO_ROOT / "setup.cfg")
+    declared = config["options.extras_require"]
+    found: list[str] = list(filter(None, config["options"]["install_requires"].splitlines()))
+    pending, seen = list(extras), set()
+    while pending:
+        extra = pending.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for line in filter(None, declared[extra].splitlines()):
+            nested = re.fullmatch(r"danube-spark\[([\w,]+)\]", line.strip())
+            if nested:
+                pending.extend(nested.group(1).split(","))
+            else:
+                found.append(line.strip())
+    return sorted(set(found))
 
 
 def constraints_without(*packages: str) -> list[str]:

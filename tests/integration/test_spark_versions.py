@@ -29,7 +29,7 @@ from devstack import REPO_ROOT
 from devstack.demo import ORDER_SCHEMA, sample_orders
 from tests.pipeline_files import orders_pipeline_file
 from tests.topic_builder import TopicBuilder
-from tests.venvs import built_wheel, cached_venv, clean_env, constraints_without, pip_into, run
+from tests.venvs import built_wheel, cached_venv, clean_env, constraints_without, declared_requirements, pip_into, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -61,10 +61,9 @@ def wheel() -> Path:
 
 def _venv(pyspark: str, delta: str | None, wheel: Path, extras: str = "connector,pipelines", name: str = "") -> Path:
     spark_pins = [f"pyspark=={pyspark}"] + ([f"delta-spark=={delta}"] if delta else [])
-    declared = (REPO_ROOT / "setup.cfg").read_text()  # the extras' dependencies decide the venv
     venv = cached_venv(f"pyspark-{pyspark}{'-' + name if name else ''}", [*spark_pins, f"{wheel}[{extras}]"],
                        constraints_without("pyspark", "delta-spark"),
-                       keyed_by="\n".join([*spark_pins, extras, declared]))
+                       keyed_by="\n".join([*spark_pins, *declared_requirements(extras.split(","))]))
     # The wheel of this run, over whatever wheel the venv was made with.
     run(*pip_into(venv / "bin" / "python"), "install", "--quiet", "--no-compile", "--no-deps", "--force-reinstall",
         str(wheel), cwd=venv, env=clean_env())
