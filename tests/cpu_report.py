@@ -91,7 +91,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     cpu_before, wall_before = tree_cpu_seconds(), time.monotonic()
     yield
     record = {"test": item.nodeid, "cpu_s": round(tree_cpu_seconds() - cpu_before, 2),
-              "wall_s": round(time.monotonic() - wall_before, 2),
+              "wall_s": round(time.monotonic() - wall_before, 2), "ended_at": round(time.time(), 1),
               "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
     with open(report_path, "a") as report:
         report.write(json.dumps(record) + "\n")
