@@ -70,11 +70,15 @@ class SparkStandaloneCluster:
         return self
 
     def status(self) -> dict:
-        """The master's `/json/` page (workers, applications); {} while it does not answer."""
+        """The master's `/json/` page (workers, applications); {} while it does not answer.
+
+        Just after its web UI binds, the master may answer `/json/` with its HTML page (seen
+        once, 2 s after the bind, before it was elected leader): that is "not yet", like no
+        answer, and the caller polls again."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as reply:
                 return json.load(reply)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a page that is not JSON (json.JSONDecodeError)
             return {}
 
     def executor_dirs(self) -> list[Path]:
