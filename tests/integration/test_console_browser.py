@@ -3,8 +3,8 @@ chromedriver and Selenium) loads every page and the numbers it shows are checked
 and the Delta log; a screenshot of each page goes into the test's artefacts (its `tmp_path`).
 
 The stack, once per module: etcd and our broker (`EmbeddedStack`), orders published with
-danube-client (every 10th broken), the shipped orders pipeline run in-process on the session's
-Spark (so this module joins the Spark session's group) leaving quarantined rows, and a speed
+danube-client (every 10th broken), the shipped orders pipeline run as `python -m pipelines run`
+(a process, so this module takes no turn of the Spark session) leaving quarantined rows, and a speed
 layer of one master, two workers and a gateway with the pipeline's table admitted at
 replication 2. The console runs on a thread of this process.
 """
@@ -32,7 +32,7 @@ from pipelines.config import load_config
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.records import AssignmentRecord
 from tests.rig import eventually
-from tests.spark.test_pipeline_broker import pipeline_file, publish, run_to_end
+from tests.pipeline_files import publish_orders, run_pipeline_process, stack_pipeline_file
 from tests.system_tools import require_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -42,7 +42,7 @@ TOKEN = "console-test-token"
 
 
 @pytest.fixture(scope="module")
-def live(spark, tmp_path_factory):
+def live(tmp_path_factory):
     chromium, chromedriver = require_tool("chromium"), require_tool("chromedriver")
     root = tmp_path_factory.mktemp("console-stack")
     suffix = uuid.uuid4().hex[:8]
@@ -50,11 +50,11 @@ def live(spark, tmp_path_factory):
     with EmbeddedStack(root / "stack") as stack:
         with EtcdMetadataStore(stack.etcd_endpoint) as metadata:
             register_schema(metadata, subject, "JsonSchema", json.dumps(ORDER_SCHEMA))
-        publish(stack, topic, MESSAGES, schema_subject=subject)
-        file = pipeline_file(stack, root, f"console-{suffix}", topic, subject,
-                             speedlayer={"tenant": "demo", "dataset": "orders", "key_root": key_root})
+        publish_orders(stack, topic, MESSAGES, schema_subject=subject)
+        file = stack_pipeline_file(stack, root, f"console-{suffix}", topic, subject,
+                                   speedlayer={"tenant": "demo", "dataset": "orders", "key_root": key_root})
         config = load_config(file)
-        run_to_end(config, spark)
+        run_pipeline_process(file, root / "pipeline.log")  # a process: no turn of the Spark session
         gateway_metrics = free_port()
         layer = EmbeddedSpeedLayer(root / "speedlayer", stack.etcd_endpoint, key_root=key_root,
                                    env={"SPEEDLAYER_GATEWAY__METRICS_PORT": str(gateway_metrics)})
@@ -212,7 +212,7 @@ def test_a_stopped_pipelines_lag_counts_what_was_published_since_wal_included(li
     the topic page (the data source's last record) while /pipelines said behind; offsets only in
     the WAL counted as 0. Runs last: it publishes past what the other tests read."""
     topic, config = live["topic"], live["config"]
-    publish(live["stack"], topic, 10, schema_subject=live["subject"])  # offsets 60..69, in the WAL
+    publish_orders(live["stack"], topic, 10, schema_subject=live["subject"])  # offsets 60..69, in the WAL
     sub = f'tr[data-subscription="{topic}|{config.source.subscription}"]'
 
     def behind_on_the_topic_page() -> bool:

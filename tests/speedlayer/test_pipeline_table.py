@@ -19,7 +19,7 @@ from devstack.demo import ORDER_SCHEMA
 from devstack.broker_stack import EmbeddedStack
 from speedlayer.clients import delta_request
 from tests.rig import eventually
-from tests.spark.test_pipeline_broker import pipeline_file, publish, run_to_end
+from tests.pipeline_files import publish_orders, run_to_end, stack_pipeline_file
 from tests.speedlayer.cluster import ready_workers
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -30,8 +30,8 @@ def test_pipeline_written_table_is_ready_on_two_of_three_workers(spark, cluster_
         topic, subject = f"/default/{unique_name('sl-orders')}", unique_name("sl-orders")
         with EtcdMetadataStore(stack.etcd_endpoint) as metadata:
             register_schema(metadata, subject, "JsonSchema", json.dumps(ORDER_SCHEMA))
-        publish(stack, topic, 80, schema_subject=subject)
-        config = load_config(pipeline_file(stack, tmp_path, unique_name("sl"), topic, subject))
+        publish_orders(stack, topic, 80, schema_subject=subject)
+        config = load_config(stack_pipeline_file(stack, tmp_path, unique_name("sl"), topic, subject))
         run_to_end(config, spark)
     tables = {"orders": config.target.path, "orders_quarantine": config.quarantine.path}
     expected = {name: spark.read.format("delta").load(path).count() for name, path in tables.items()}
