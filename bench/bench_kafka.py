@@ -81,12 +81,13 @@ sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]
 import bench_connector as data  # noqa: E402  (the danube topic's frames, objects and etcd keys)
 import jfr_profile  # noqa: E402
 import pyspy_profile  # noqa: E402
-import spark_python_exec  # noqa: E402
 import stream_overhead  # noqa: E402
 from common import (  # noqa: E402
     Column, local_delta_builder, machine_info, print_table, run_in_workdir, timed, tree_cpu_s, write_results,
 )
 from kafka_server import KAFKA_VERSION, KafkaNode, fetch_kafka_jars  # noqa: E402
+
+from devstack.short_spark_runs import python_exec_without_zips  # noqa: E402
 
 TOPIC_1, TOPIC_4 = data.MAIN_TOPIC, [f"/bench/orders4-part-{p}" for p in range(4)]
 KAFKA_TOPIC = {1: "orders-1p", 4: "orders-4p"}
@@ -424,7 +425,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
             del frames
             options = {"etcd.endpoints": etcd.endpoint, "storage.url": store.url, "walRoot": "none"}
             compiled = compile_project()
-            python_exec = spark_python_exec.python_exec_without_zips(work) if args.python_without_zips else None
+            python_exec = python_exec_without_zips(work) if args.python_without_zips else None
             spark = start_spark(work / "warehouse", python_exec)
             try:
                 parquet = work / "parquet"

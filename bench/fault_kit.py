@@ -40,10 +40,10 @@ import yaml
 
 from danube_core.embedded_etcd import etcd_binary
 from danube_core.ports import free_port, wait_for_port
+from devstack.short_spark_runs import SHORT_RUN_JVM_OPTIONS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BAD_EVERY = 7
-SHORT_RUN_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 T = TypeVar("T")
 
 

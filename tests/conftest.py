@@ -17,8 +17,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from bench.fault_kit import SHORT_RUN_JVM_OPTIONS
-from bench.spark_python_exec import python_exec_without_zips
+from devstack.short_spark_runs import SHORT_RUN_JVM_OPTIONS
+from devstack.short_spark_runs import python_exec_without_zips
 from danube_core.embedded_etcd import EmbeddedEtcd
 from danube_core.ports import free_port, wait_for_port
 from tests import jvm_class_archive
@@ -101,7 +101,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _import_installed_pyspark(config: pytest.Config) -> None:
     """`PYSPARK_PYTHON` for every Spark the suite starts (the session's, and the pipelines,
     spark-submit runs and clusters it starts as processes, which inherit it): this interpreter
-    without `pyspark.zip` on its path (`bench.spark_python_exec`), unless the caller set one.
+    without `pyspark.zip` on its path (`devstack.short_spark_runs`), unless the caller set one.
 
     Spark's zip holds no bytecode, so each Python process Spark starts compiled the pyspark
     modules it imports: a pipeline run's daemons, workers and source runner spent 9.7 CPU s,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyspark
 
-from bench.fault_kit import SHORT_RUN_JVM_OPTIONS
+from devstack.short_spark_runs import SHORT_RUN_JVM_OPTIONS
 from danube_core.ports import free_port, wait_for_port
 from tests.rig import eventually
 

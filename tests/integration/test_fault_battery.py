@@ -3,7 +3,7 @@ on loopback (broker, `python -m pipelines run`, etcd, moto behind a fault proxy)
 must end with 0 acknowledged messages lost and 0 duplicated in Delta.
 
 The pipelines run as processes so they can be killed with -9; each costs a JVM start (run with
-C1 only and the serial GC, `bench.fault_kit.SHORT_RUN_JVM_OPTIONS`, about 23 CPU s), about 19
+C1 only and the serial GC, `devstack.short_spark_runs.SHORT_RUN_JVM_OPTIONS`, about 23 CPU s), about 19
 in all, which makes this module slow: an estimated 6-8 minutes on an idle 2-core machine, far
 more under other load (the lock-lease test alone took 7 minutes at load 30-35). See the
 fault battery section of bench/README.md.

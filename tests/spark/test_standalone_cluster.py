@@ -41,7 +41,7 @@ from tests.integration.broker_process import BrokerProcess, run_admin
 from tests.integration.test_spark_submit import delta_records
 from tests.pipeline_files import orders_pipeline_file
 from tests.rig import eventually
-from bench.fault_kit import SHORT_RUN_JVM_OPTIONS
+from devstack.short_spark_runs import SHORT_RUN_JVM_OPTIONS
 from tests.spark_standalone import SparkStandaloneCluster, short_run_java_options
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

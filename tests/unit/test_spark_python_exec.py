@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench.spark_python_exec import python_exec_without_zips
+from devstack.short_spark_runs import python_exec_without_zips
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,10 @@
-"""A `PYSPARK_PYTHON` for Spark's Python processes that imports the installed pyspark.
+"""What makes the short local Spark runs of the tests and benchmarks cheaper: JVM options for
+their drivers, and a `PYSPARK_PYTHON` for Spark's Python processes that imports the installed
+pyspark.
+
+`SHORT_RUN_JVM_OPTIONS`: the C1 compiler alone and the serial GC. The drivers the suite and the
+fault battery start work on small data for seconds to minutes, where C2's compilations and G1's
+threads cost more than they return (tests/conftest.py has the measurement).
 
 Spark starts its Python processes (the `pyspark.daemon` per worker module and the workers it
 forks, a stream source's `python_streaming_source_runner`) with `$SPARK_HOME/python/lib/
@@ -23,6 +29,7 @@ import stat
 import sys
 from pathlib import Path
 
+SHORT_RUN_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 WRAPPER_NAME = "python-without-zips"
 
 
