@@ -68,10 +68,18 @@ class TopicAuditor:
         audited = self._audited_from.get(topic)
         return audited is not None and offset is not None and offset < audited
 
-    def audit(self, topic: TopicName, sealed: SealedState | None, wal: list[WalRun]) -> RunAudit:
+    def audit(self, topic: TopicName, sealed: SealedState | None, wal: list[WalRun],
+              rescan: Callable[[int], list[WalRun]] | None = None) -> RunAudit:
         """Read the descriptors (from `_audit_start` on) and list the objects once, and sort
         them into runs: a clean run folded page by page (`ContiguousRun`), anything else from
-        the whole list."""
+        the whole list.
+
+        `wal` was read before the descriptors. A broker uploading in between leaves
+        descriptors above that WAL head, which is what a restart below the uploads looks like;
+        so when the descriptors reach past `wal`, the WAL is read again through `rescan` (for
+        the uploaded stop) before anything is judged: read after them, a WAL is below them only
+        if the topic really restarted (its offsets only grow within a run, and an upload holds
+        only what the WAL held)."""
         raw_cur = self._metadata.get(self._keys.cur_key(topic))
         cur = int(CurPointer.from_json(raw_cur, self._keys.cur_key(topic)).start) if raw_cur else None
         floor = self._audit_start(topic, cur)
@@ -83,6 +91,8 @@ class TopicAuditor:
         for page in self._descriptor_pages(topic, floor):
             if not run.take(page):
                 break
+        if rescan is not None and run.stop is not None and restart_in_wal(wal, run.stop) is not None:
+            wal = rescan(run.stop)
         if run.clean and run.stop is not None and restart_in_wal(wal, run.stop) is None:
             newest = run.newest[-1].created_at
             unreferenced = [(oid, start, self._unless_in_flight(topic, oid, start, run.stop, newest))
@@ -90,7 +100,7 @@ class TopicAuditor:
             audit = audit_contiguous_run(str(topic), run, self._objects_url(topic), unreferenced, wal,
                                          stale_wal, sealed)
         if audit is None or not audit.clean:  # an unclean run's reads are planned from all of it
-            audit = self._audit_whole(topic, floor, cur, listed_ids, sealed, wal, stale_wal)
+            audit = self._audit_whole(topic, floor, cur, listed_ids, sealed, wal, stale_wal, rescan)
         self._audits[str(topic)] = audit
         self._audited_from[str(topic)] = floor
         if not audit.clean:
@@ -99,13 +109,17 @@ class TopicAuditor:
         return audit
 
     def _audit_whole(self, topic: TopicName, floor: int, cur: int | None, listed_ids: list[str],
-                     sealed: SealedState | None, wal: list[WalRun], stale_wal: list[WalRun]) -> RunAudit:
+                     sealed: SealedState | None, wal: list[WalRun], stale_wal: list[WalRun],
+                     rescan: Callable[[int], list[WalRun]] | None = None) -> RunAudit:
         """The audit of a topic whose stored runs are not one clean run: every descriptor from
-        `floor` on in memory at once (`current_chain` compares each with all)."""
+        `floor` on in memory at once (`current_chain` compares each with all); the WAL read
+        again after them if they reach past it (`audit`)."""
         descriptors = [d for page in self._descriptor_pages(topic, floor) for d in page]
         chain, _ = current_chain(descriptors, cur)
         referenced = {d.object_id for d in descriptors}
         uploaded_stop = chain[-1].end_offset + 1 if chain else 0
+        if rescan is not None and chain and restart_in_wal(wal, uploaded_stop) is not None:
+            wal = rescan(uploaded_stop)
         newest = max((d.created_at for d in chain), default=0)
         listed = []
         for oid in listed_ids:

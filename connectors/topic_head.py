@@ -28,7 +28,8 @@ from danube_core.topics import TopicName
 
 logger = logging.getLogger(__name__)
 
-RunAuditor = Callable[[TopicName, "SealedState | None", "list[WalRun]"], RunAudit]
+# (topic, sealed state, WAL chain read before the audit, a fresh read of the chain for an uploaded stop)
+RunAuditor = Callable[[TopicName, "SealedState | None", "list[WalRun]", "Callable[[int], list[WalRun]]"], RunAudit]
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ class TopicHeads:
             self._restarted.add(str(topic))
         restarted_at = None
         if audit is None:
-            audit = self._run_audit(topic, sealed, wal)
+            audit = self._run_audit(topic, sealed, wal,
+                                    lambda uploaded: self._wal_chain_from(topic, uploaded, sealed, cluster))
             if str(topic) in self._restarted and audit.current_first is not None:
                 restarted_at = audit.current_first
                 self._restarted.discard(str(topic))
@@ -123,7 +125,10 @@ class TopicHeads:
 
     def _wal_chain(self, topic: TopicName, last: ObjectDescriptor | None, sealed: SealedState | None,
                    cluster: ClusterView | None) -> list[WalRun]:
+        return self._wal_chain_from(topic, last.end_offset + 1 if last is not None else 0, sealed, cluster)
+
+    def _wal_chain_from(self, topic: TopicName, uploaded: int, sealed: SealedState | None,
+                        cluster: ClusterView | None) -> list[WalRun]:
         if self._wal is None:
             return []
-        uploaded = last.end_offset + 1 if last is not None else 0
         return self._wal.chain(topic, uploaded, cluster, sealed.broker_id if sealed else None)

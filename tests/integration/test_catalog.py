@@ -172,6 +172,30 @@ def test_a_run_audit_folds_a_clean_history_a_page_at_a_time(metadata, make, s3_s
     assert read_back(cat, b.name, 0, 200) == [b.messages[o] for o in range(200)]
 
 
+def test_an_upload_between_the_wal_scan_and_the_run_audit_is_not_a_restart(metadata, make, s3_store, unique_name,
+                                                                             monkeypatch):
+    """The soak's first find (issue 43): a stream's first look at a topic scanned the WAL, then
+    the run audit read the descriptors; the broker uploading in between left descriptors
+    above that WAL head, which the audit took for a restart at offset 0, so it called the new
+    objects stale and their offsets reused (data loss, at every pipeline start under load)."""
+    b = make(f"/default/{unique_name('t')}")
+    b.append(40)
+    b.upload()
+    b.append(25)
+    original = topic_audit.TopicAuditor.audit
+
+    def audit_after_an_upload(self, *args, **kwargs):
+        b.append(5)
+        b.upload()  # what the WAL scan before the audit did not see
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(topic_audit.TopicAuditor, "audit", audit_after_an_upload)
+    audit = catalog(metadata, s3_store).audit(b.name)
+    assert audit.clean, audit.summary()
+    assert audit.wal_restart is None and not audit.stale_descriptors
+    assert (audit.current_first, audit.current_stop) == (0, 70)
+
+
 @pytest.mark.parametrize("shape", ["gap", "restart"])
 def test_a_fold_that_meets_another_run_audits_the_whole_list(metadata, make, s3_store, unique_name, monkeypatch,
                                                               shape):
