@@ -1,5 +1,9 @@
 """Streaming reads: the stream owns the offset lifecycle (as Kafka's `KafkaMicroBatchStream`).
 
+Why one module of ~480 lines: Spark's stream reader contract is one class, and the order of its
+calls (below) is the argument that every offset is read once; the work each step does lives in
+other modules (the catalog, the planner, the cursor writer, `connectors.spark_compat`).
+
 Spark runs this reader's driver-side methods in one long-lived Python process per query
 (`initialOffset`, `latestOffset`, `partitions`, `commit`, ...) and pickles it for `read()` on
 executors. The driver state (etcd connection, metadata cache, catalog, subscription lock) is
