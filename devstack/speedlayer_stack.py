@@ -79,13 +79,18 @@ class EmbeddedSpeedLayer:
         return self._spawn(f"worker-{worker_id}", "worker", "--tenant", self.tenant, "--id", worker_id,
                            "--masters", self.master, "--memory-mb", str(memory_mb), "--threads", str(threads))
 
-    def admit(self, dataset: str, table_uri: str, *, replication: int = 1, timeout_s: float = 120) -> str:
-        """Admit a Delta table; returns the epoch once READY on `replication` workers."""
+    def admit(self, dataset: str, table_uri: str, *, replication: int = 1, timeout_s: float = 120,
+              tail_pipeline: str | None = None, tail_limit_rows: int = 1_000_000) -> str:
+        """Admit a Delta table; returns the epoch once READY on `replication` workers.
+        `tail_pipeline`: the text of the pipeline file writing the table, to serve its topic's tail."""
+        from speedlayer.api.v1 import management_service_pb2 as mg
         from speedlayer.clients import delta_request
 
         client = self._client
         assert client is not None, "admit() after start()"
-        reply = client.admit(delta_request(self.tenant, dataset, table_uri, replication=replication))
+        tail = (mg.TailOptions(pipeline_config=tail_pipeline, limit_rows=tail_limit_rows)
+                if tail_pipeline is not None else None)
+        reply = client.admit(delta_request(self.tenant, dataset, table_uri, replication=replication, tail=tail))
         if reply.status not in ("ASSIGNED", "PLANNED"):
             raise RuntimeError(f"admission of {table_uri} refused: {reply.status} {reply.message}")
 

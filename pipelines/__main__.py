@@ -1,5 +1,8 @@
 """`python -m pipelines run <file.yaml>` runs a pipeline (the demo is `python -m devstack demo`).
 
+`python -m pipelines tail` is a speed-layer worker's tail process (`pipelines.tail_server`): it
+answers the worker over its stdin and stdout and is not meant to be run by hand.
+
 `run` blocks until an availableNow pipeline has read everything, or until SIGINT/SIGTERM stops a
 processingTime pipeline (the batch in flight is replayed on the next start: exactly once).
 Before Spark starts, the pipeline file, etcd, storage and the registry subject are checked
@@ -35,9 +38,14 @@ def main(argv: list[str] | None = None, *, hooks: BatchHooks = NO_HOOKS) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the pipeline declared in a YAML file")
     run.add_argument("config", help="conf/pipelines/<name>.yaml")
+    commands.add_parser("tail", help="a speed-layer worker's tail process (stdin/stdout; started by the worker)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
+    if args.command == "tail":
+        from pipelines.tail_server import main as tail_main
+
+        return tail_main()
     try:
         return _run(args.config, hooks)
     except ConfigError as exc:

@@ -182,7 +182,8 @@ DEFAULT_GATHER_MAX_BYTES = 256 * 1024 * 1024  # TenantConfig.gather_max_bytes wh
 @dataclass(frozen=True)
 class TenantConfig:
     """`/tenants/{tenant}/config`. `memory_quota_bytes` 0: no tenant limit. `source_roots`:
-    table URIs this tenant may admit start with one of these (empty: any)."""
+    table URIs this tenant may admit start with one of these (empty: any). `topic_namespaces`:
+    the namespaces whose topics this tenant's datasets may serve the tail of (empty: any)."""
 
     memory_quota_bytes: int = 0
     source_roots: tuple[str, ...] = ()
@@ -196,9 +197,11 @@ class TenantConfig:
     # are estimated at no more than this in memory (their rows it needs are gathered there);
     # 0: never gather, such a query is refused.
     gather_max_bytes: int = DEFAULT_GATHER_MAX_BYTES
+    topic_namespaces: tuple[str, ...] = ()
 
     def to_json(self) -> bytes:
-        return dump({**asdict(self), "source_roots": list(self.source_roots)})
+        return dump({**asdict(self), "source_roots": list(self.source_roots),
+                     "topic_namespaces": list(self.topic_namespaces)})
 
     @classmethod
     def from_json(cls, raw: bytes, key: str) -> "TenantConfig":
@@ -212,7 +215,8 @@ class TenantConfig:
                        replication_factor=int(value.get("replication_factor", 0)),
                        epoch_ttl_s=float(value.get("epoch_ttl_s", 0.0)),
                        shard_max_bytes=int(value.get("shard_max_bytes", 0)),
-                       gather_max_bytes=int(value.get("gather_max_bytes", DEFAULT_GATHER_MAX_BYTES)))
+                       gather_max_bytes=int(value.get("gather_max_bytes", DEFAULT_GATHER_MAX_BYTES)),
+                       topic_namespaces=tuple(str(n) for n in value.get("topic_namespaces", ())))
 
 
 STRATEGIES = ("round_robin", "rendezvous", "capacity")
@@ -275,9 +279,15 @@ class DatasetSpec:
     partitions: tuple[dict[str, str], ...] = ()
     replication: int = 0
     follow: bool = True
+    # The dataset serves its topic's tail (`speedlayer.tail_spec.TailSpec` JSON, without
+    # offsets: each epoch's plan gets its own); empty: no tail.
+    tail: str = ""
 
     def to_json(self) -> bytes:
-        return dump({**asdict(self), "partitions": [dict(p) for p in self.partitions]})
+        value = {**asdict(self), "partitions": [dict(p) for p in self.partitions]}
+        if not self.tail:
+            del value["tail"]  # a spec without a tail reads as before tails existed
+        return dump(value)
 
     @classmethod
     def from_json(cls, raw: bytes, key: str) -> "DatasetSpec":
@@ -285,7 +295,8 @@ class DatasetSpec:
         with _reading(key, "a dataset spec", (KeyError, TypeError, ValueError, AttributeError)):
             return cls(source_type=str(value["source_type"]), source_uri=str(value["source_uri"]),
                        partitions=tuple({str(k): str(v) for k, v in p.items()} for p in value.get("partitions", ())),
-                       replication=int(value.get("replication", 0)), follow=bool(value.get("follow", True)))
+                       replication=int(value.get("replication", 0)), follow=bool(value.get("follow", True)),
+                       tail=str(value.get("tail", "")))
 
 
 @dataclass(frozen=True)

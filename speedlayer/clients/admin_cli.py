@@ -38,6 +38,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="replicas wanted, each on its own worker (0: replication_factor of /tenants/{t}/config, "
                             "else of /config/global, default 2); given again for an admitted version, changes its epoch's")
     admit.add_argument("--request-id", help="idempotency key (default: a new one; reuse it to retry)")
+    admit.add_argument("--tail-pipeline", metavar="FILE",
+                       help="serve the topic's tail beside each epoch: the pipeline file that writes the --delta "
+                            "table (sent as text; off without it)")
+    admit.add_argument("--tail-limit-rows", type=int, default=1_000_000,
+                       help="tail rows a worker holds at most (default 1000000); past it the tail says it is behind")
+    admit.add_argument("--tail-limit-bytes", type=int, default=0, help="tail bytes a worker holds at most (0: none)")
     status = commands.add_parser("status", help="a dataset's epochs and their replicas")
     status.add_argument("--tenant", required=True)
     status.add_argument("--dataset", required=True)
@@ -77,8 +83,16 @@ def _admit_request(args: argparse.Namespace):
                                       partitions_to_load=[mg.PartitionSpec(values=p) for p in _partitions(args.partition)])
     if not args.delta:
         raise SystemExit("admit: give --delta URI or --iceberg catalog.database.table")
+    tail = None
+    if args.tail_pipeline:
+        try:
+            text = open(args.tail_pipeline, encoding="utf-8").read()
+        except OSError as exc:
+            raise SystemExit(f"--tail-pipeline {args.tail_pipeline!r}: {exc.strerror or exc}") from exc
+        tail = mg.TailOptions(pipeline_config=text, limit_rows=args.tail_limit_rows, limit_bytes=args.tail_limit_bytes)
     return delta_request(args.tenant, args.dataset, args.delta, request_id=request_id,
-                         partitions=_partitions(args.partition), replication=args.replication, version=args.version)
+                         partitions=_partitions(args.partition), replication=args.replication, version=args.version,
+                         tail=tail)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -115,10 +115,14 @@ class ManagementClient:
 
 def delta_request(tenant: str, dataset: str, table_uri: str, *, request_id: str = "",
                   partitions: list[dict[str, str]] | None = None, replication: int = 0,
-                  version: int | None = None) -> mg.AdmitDatasetRequest:
-    """An AdmitDatasetRequest for a Delta table (latest version unless `version`)."""
+                  version: int | None = None, tail: mg.TailOptions | None = None) -> mg.AdmitDatasetRequest:
+    """An AdmitDatasetRequest for a Delta table (latest version unless `version`); `tail`: serve
+    the topic's tail beside each epoch (the pipeline's file as text and the worker's limits)."""
     source = mg.DataSourceIdentifier(delta_table=mg.DeltaTable(
         table_uri=table_uri, version=version or 0, pin_version=version is not None))
-    return mg.AdmitDatasetRequest(tenant_id=tenant, dataset_id=dataset, source=source, request_id=request_id,
-                                  replication=replication,
-                                  partitions_to_load=[mg.PartitionSpec(values=p) for p in partitions or []])
+    request = mg.AdmitDatasetRequest(tenant_id=tenant, dataset_id=dataset, source=source, request_id=request_id,
+                                     replication=replication,
+                                     partitions_to_load=[mg.PartitionSpec(values=p) for p in partitions or []])
+    if tail is not None:
+        request.tail.CopyFrom(tail)
+    return request

@@ -36,6 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--ca-cert", default=os.environ.get("SPEEDLAYER_CA_CERT"),
                         help="PEM file of the CA that signed a TLS gateway's certificate (or SPEEDLAYER_CA_CERT)")
     parser.add_argument("--max-rows", type=int, default=0, help="fail if the result has more rows")
+    parser.add_argument("--committed", action="store_true",
+                        help="the committed epoch alone, without the topic's tail (a dataset served with one)")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("sql")
 
@@ -49,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
                          timeout_ms=args.timeout_ms, connect_timeout_ms=args.connect_timeout_ms,
                          ca_cert=args.ca_cert) as client:
             started = time.perf_counter()
-            table = client.query(args.dataset, args.sql, epoch=args.epoch, max_rows=args.max_rows)
+            table = client.query(args.dataset, args.sql, epoch=args.epoch, max_rows=args.max_rows,
+                                 committed_only=args.committed)
             elapsed_ms = (time.perf_counter() - started) * 1000
     except (SpeedLayerError, ValueError) as exc:
         print(f"error: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
@@ -60,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(row, default=str))
     else:
         print(render_rows(table.column_names, rows))
+    metadata = table.schema.metadata or {}
+    if b"speedlayer.tail" in metadata:
+        print(f"epoch {metadata.get(b'speedlayer.epoch', b'?').decode()}, tail {metadata[b'speedlayer.tail'].decode()}",
+              file=sys.stderr)
     more = f" (first {MAX_PRINTED_ROWS} shown)" if table.num_rows > MAX_PRINTED_ROWS else ""
     print(f"{table.num_rows} row(s){more} in {elapsed_ms:.1f} ms", file=sys.stderr if args.format == "json" else sys.stdout)
     return 0

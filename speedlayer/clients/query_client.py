@@ -97,10 +97,13 @@ class QueryClient:
         self._client = connect(gateway, connect_timeout_ms, root_certs(ca_cert, tls_root_certs))
 
     def query(self, dataset: str, sql: str, *, epoch: str = "", max_rows: int = 0, max_bytes: int = 0,
-              timeout_ms: int | None = None) -> pa.Table:
+              timeout_ms: int | None = None, committed_only: bool = False) -> pa.Table:
+        """`sql` on `dataset`. A dataset served with its topic's tail answers its epoch plus the
+        tail's newer rows (the answer's schema metadata `speedlayer.epoch` and `speedlayer.tail`
+        say which); `committed_only=True` asks for the epoch alone."""
         timeout_ms = timeout_ms or self.timeout_ms
         request = QueryRequest(dataset=dataset, sql=sql, epoch=epoch, max_rows=max_rows, max_bytes=max_bytes,
-                               timeout_ms=timeout_ms)
+                               timeout_ms=timeout_ms, committed_only=committed_only)
         options = call_options(self.tenant, token=self.token, client_id=self.client_id,
                                timeout_s=timeout_ms / 1000 + DEADLINE_SLACK_S)
         try:

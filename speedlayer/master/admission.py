@@ -40,6 +40,7 @@ from speedlayer.master.sharded_epochs import rolled_up, shard_id, shard_note
 from speedlayer.master.sharding import ShardPlan, plan_shards, shard_limit, source_files, with_files
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.master.strategies import AssignmentStrategy, Candidate, PlanSummary, eligible
+from speedlayer.master.tail_admission import admit_tail, plan_tail, validate_tail
 from speedlayer.observability.audit import AuditEvent, AuditLogger
 from speedlayer.observability.metrics import ADMISSIONS, ASSIGNMENT_DURATION
 from speedlayer.records import (
@@ -47,6 +48,8 @@ from speedlayer.records import (
 )
 from speedlayer.sources import PartitionFilter, ResolvedTable, TableSource, source_kind
 from speedlayer.sources.delta_changes import TableChange, incremental_source
+from speedlayer.sources.delta_offsets import DeltaOffsets
+from speedlayer.tail_spec import TailSpec
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +102,7 @@ def validate(request: mg.AdmitDatasetRequest) -> None:
         table = request.source.iceberg_table
         if not (table.catalog and table.database and table.table):
             raise InvalidRequestError("source.iceberg_table needs catalog, database and table")
+    validate_tail(request)
 
 
 class AdmissionController:
@@ -111,11 +115,14 @@ class AdmissionController:
                  strategy: Callable[[], AssignmentStrategy], candidates: Callable[[str], list[Candidate]],
                  audit: AuditLogger, master_id: str, placed: Callable[[], None],
                  followed: Callable[[str, str], None] = lambda tenant, dataset: None,
-                 hooks: AdmissionHooks = NO_HOOKS) -> None:
+                 hooks: AdmissionHooks = NO_HOOKS, offsets: DeltaOffsets | None = None) -> None:
         self._state, self._config, self._table_sources = state, config, table_sources
         self._strategy, self._candidates = strategy, candidates
         self._audit, self._master_id, self._placed = audit, master_id, placed
         self._followed, self._hooks = followed, hooks
+        self._offsets = offsets if offsets is not None else DeltaOffsets()
+        # A tail being admitted, until its dataset spec (which plans read it from) is written.
+        self._admitting_tails: dict[tuple[str, str], TailSpec] = {}
 
     def admit(self, request: mg.AdmitDatasetRequest) -> mg.AdmitDatasetResponse:
         started = time.perf_counter()
@@ -144,6 +151,8 @@ class AdmissionController:
             raise UnsupportedSourceError(f"no {kind} source is configured on this master")
         self._check_roots(tenant, request.source)
         resolved = table_source.resolve(request.source, wanted)
+        tail = (admit_tail(request, self._config.tenant(tenant), resolved, self._offsets)
+                if request.HasField("tail") else None)
         epoch = epoch_id(tenant, dataset, resolved, wanted)
         request_id = request.request_id or _digest(tenant, dataset, resolved.identity, wanted, resolved.version)[:20]
         # The request id, the plan and the spec go with the record's own writes (one etcd
@@ -158,11 +167,17 @@ class AdmissionController:
                 existing = self._replicate(existing, request.replication)
             self._state.put_all(request_write)
         follows = kind == "delta_table" and not request.source.delta_table.pin_version
-        spec = DatasetSpec("delta", resolved.source.delta.table_uri, tuple(wanted), request.replication)
+        spec = DatasetSpec("delta", resolved.source.delta.table_uri, tuple(wanted), request.replication,
+                           tail=tail.to_json() if tail is not None else "")
         new_spec = follows and self._config.spec(tenant, dataset) != spec  # the watched specs: no etcd read
         spec_write = ((self._state.keys.dataset_spec(tenant, dataset), spec.to_json()),) if new_spec else ()
-        with self._placing(existing):
-            response = self._continue(existing, resolved, also=spec_write)
+        if tail is not None:
+            self._admitting_tails[(tenant, dataset)] = tail
+        try:
+            with self._placing(existing):
+                response = self._continue(existing, resolved, also=spec_write)
+        finally:
+            self._admitting_tails.pop((tenant, dataset), None)
         if follows:
             self._followed_now(tenant, dataset, spec, new_spec)
         return response
@@ -323,8 +338,8 @@ class AdmissionController:
 
     @staticmethod
     def _load_plan(record: AssignmentRecord, resolved: ResolvedTable, source: cp.DataSource,
-                   base_epoch: str = "") -> cp.LoadPlan:
-        return cp.LoadPlan(
+                   base_epoch: str = "", tail: str = "") -> cp.LoadPlan:
+        return cp.LoadPlan(tail=tail,
             plan_id=f"{record.tenant}/{record.dataset}/{record.epoch}", source=source,
             base_epoch_id=base_epoch, version=resolved.version,
             destination_table_name=f"{record.dataset}__{record.epoch}".replace("-", "_").replace(".", "_"),
@@ -338,7 +353,9 @@ class AdmissionController:
         to_plan = [r for r in map(lambda s: self._state.record(record.tenant, record.dataset, s), record.shards)
                    if r is not None]  # a sharded epoch's plans are its shards', written with their records
         plan_write = () if record.sharded else (  # written with the record's PLANNED, never after it
-            self._state.plan_write(self._load_plan(record, resolved, source or resolved.source, base_epoch)),)
+            self._state.plan_write(self._load_plan(record, resolved, source or resolved.source, base_epoch,
+                                                   plan_tail(record, resolved, self._admitting_tails,
+                                                             self._config.spec, self._offsets))),)
         for target in [*to_plan, record]:
             updated = self._state.update_existing(target.tenant, target.dataset, target.epoch,
                                                   lambda r: replace(r, status=PLANNED) if r.status == PENDING else None,

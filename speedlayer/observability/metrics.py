@@ -35,6 +35,13 @@ LOAD_SECONDS = Histogram(
 )
 LOADED_ROWS = Gauge("worker_epoch_rows", "Rows of each epoch held in memory", ["dataset", "epoch"])
 EPOCHS_HELD = Gauge("worker_epochs_ready", "Epochs READY on this worker")
+TAIL_LAG = Gauge("worker_tail_lag_messages", "Messages on the topic the dataset's tail has not read yet", ["dataset"])
+TAIL_AGE = Gauge("worker_tail_age_seconds", "Seconds since the dataset's tail last read its topic up to the head",
+                 ["dataset"])
+TAIL_ROWS = Gauge("worker_tail_rows", "Decoded tail rows held in memory", ["dataset"])
+TAIL_HANDOVERS = Counter("worker_tail_handovers_total", "Epochs published beside a dataset's tail (hand-overs)",
+                         ["dataset"])
+TAIL_ERRORS = Counter("worker_tail_errors_total", "Tail reads that failed, by state", ["dataset", "state"])
 EVICTIONS = Counter("master_epoch_evictions_total", "Epochs evicted by the lifecycle", ["reason"])
 REFRESHES = Counter("master_refresh_epochs_total", "Epochs planned for new source versions", ["kind"])
 REFRESH_LAG = Histogram(

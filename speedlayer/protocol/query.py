@@ -16,6 +16,10 @@ statement for its unbound parameters.
 The gateway gives each query it forwards a `query_id`; when its own caller cancels or passes its
 deadline, it sends the worker `CANCEL_ACTION` with that id, and the worker interrupts the query.
 
+A dataset served with its topic's tail (`speedlayer.tail_spec`) answers its epoch plus the
+tail's rows above the epoch's offsets, and says so in the answer schema's metadata
+(`speedlayer.epoch`, `speedlayer.tail`); `committed_only` asks for the epoch alone.
+
 A statement may also read other datasets of the tenant (a join): `joined` names each with
 the epoch it is pinned to, and the worker binds every one (the gateway's Flight SQL sends it
 only to a worker holding all those epochs READY; a worker that predates it ignores it, and its
@@ -60,6 +64,8 @@ class QueryRequest:
     joined: tuple[tuple[str, str], ...] = ()  # ((dataset, epoch), ...): other datasets the SQL reads
     parameters: str = ""  # the values of the SQL's $1, $2, ... (`query_parameters.pack_parameters`)
     query_id: str = ""  # set by the gateway: what CANCEL_ACTION names to stop the query
+    # A dataset with a tail answers its epoch + the tail's rows above it; True: the epoch alone.
+    committed_only: bool = False
 
     def to_ticket(self) -> bytes:
         body = {k: v for k, v in asdict(self).items() if v and k != "joined"}
@@ -85,6 +91,8 @@ class QueryRequest:
         for name in ("epoch", "parameters", "query_id"):
             if not isinstance(value.get(name, ""), str):
                 raise InvalidRequestError(f"query ticket: {name!r} must be a string")
+        if not isinstance(value.get("committed_only", False), bool):
+            raise InvalidRequestError("query ticket: 'committed_only' must be true or false")
         joined = value.pop("joined", {})
         if not isinstance(joined, dict) or not all(isinstance(k, str) and k and isinstance(v, str) and v
                                                    for k, v in joined.items()):

@@ -23,11 +23,13 @@ import grpc
 from speedlayer.api.v1 import control_plane_service_pb2 as cp
 from speedlayer.api.v1 import control_plane_service_pb2_grpc as cp_grpc
 from speedlayer.config import WorkerConfig
+from speedlayer.tail_spec import TailSpec
 from speedlayer.observability.metrics import EPOCHS_HELD, LOAD_SECONDS, LOADED_ROWS
 from speedlayer.protocol.master_rpc import MAX_RECONNECT_BACKOFF_S, WORKER_CHANNEL_OPTIONS, leader_hint
 from speedlayer.worker.epochs import HeldTables
 from speedlayer.worker.loader import EpochLoader, LoadResult, quote
 from speedlayer.worker.serving import ServedDatasets
+from speedlayer.worker.tails import WorkerTails
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,7 @@ class HeldEpoch:
     rows: int = 0
     bytes: int = 0
     version: int = -1
+    tail: str = ""  # the plan's tail spec (JSON), when the dataset serves its topic's tail
 
 
 class WorkerAgent:
@@ -52,13 +55,14 @@ class WorkerAgent:
     publishes); by default the agent makes its own, from `config`."""
 
     def __init__(self, config: WorkerConfig, *, loader: EpochLoader | None = None,
-                 served: ServedDatasets | None = None) -> None:
+                 served: ServedDatasets | None = None, tails: WorkerTails | None = None) -> None:
         self.config = config
         self.loader = loader if loader is not None else EpochLoader(
             memory_limit_bytes=config.memory_bytes, threads=config.threads, storage_options=config.storage_options)
         # What queries see: an epoch is published here only once COMPLETED (READY).
         self.served = served if served is not None else ServedDatasets(drop_table=self.loader.drop)
         self.held: dict[tuple[str, str], HeldEpoch] = {}
+        self.tails = tails if tails is not None else WorkerTails()
         self.tables = HeldTables(self.loader.cursor)
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader")
@@ -167,7 +171,7 @@ class WorkerAgent:
                     self._report(held)
                 return
             self.held[key] = HeldEpoch(event.dataset_id, event.epoch_id, event.load_plan.destination_table_name,
-                                       version=_plan_version(event.load_plan))
+                                       version=_plan_version(event.load_plan), tail=event.load_plan.tail)
         self._executor.submit(self._load, event)
 
     def _load(self, event: cp.DataAssignmentEvent) -> None:
@@ -241,8 +245,21 @@ class WorkerAgent:
         tables = self.tables.get(key)
         if tables is None:
             return
-        self.served.publish(held.dataset, held.epoch, tables.relation, version=held.version,
-                            release=lambda: self.tables.drop(key))
+        def publish() -> object:
+            return self.served.publish(held.dataset, held.epoch, tables.relation, version=held.version,
+                                       release=lambda: self.tables.drop(key))
+
+        if not held.tail:
+            publish()
+            return
+        try:
+            spec = TailSpec.from_json(held.tail)
+        except ValueError as exc:  # a master's bug, not the epoch's: serve the epoch alone
+            logger.error("epoch %s/%s: its tail spec is unreadable (%s); served without its tail", *key, exc)
+            publish()
+            return
+        # The hand-over: the epoch and the offsets it holds, in one step with the answers' pins.
+        self.tails.publish_with_tail(held.dataset, held.epoch, spec, publish)
 
     def _report(self, held: HeldEpoch) -> None:
         self._send(data_pull_status_update=Status(dataset_id=held.dataset, epoch_id=held.epoch,
@@ -254,7 +271,9 @@ class WorkerAgent:
             empty = not self.held
         if held is not None and held.status == Status.COMPLETED:
             # Queries still reading the epoch keep it; its tables are released when the last ends.
-            if not self.served.retire(held.dataset, held.epoch):
+            retired = self.tails.unpublish_with_tail(held.dataset, held.epoch,
+                                                     lambda: self.served.retire(held.dataset, held.epoch))
+            if not retired:
                 self.tables.drop((held.dataset, held.epoch))
         logger.info("epoch %s/%s dropped (%s)", event.dataset_id, event.epoch_id, event.reason, extra=self._extra)
         if self.draining and empty:

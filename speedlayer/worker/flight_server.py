@@ -39,6 +39,8 @@ from speedlayer.protocol.query_parameters import bound
 from speedlayer.worker.loader import quote
 from speedlayer.worker.serving import EpochPin, ServedDatasets
 from speedlayer.worker.sql_guard import check_query
+from speedlayer.worker.tail_answer import answer_schema, bind_tail
+from speedlayer.worker.tails import PinnedTail, WorkerTails
 
 if TYPE_CHECKING:
     import duckdb
@@ -145,10 +147,11 @@ class WorkerFlightServer(flight.FlightServerBase):
     """Serves `served`'s epochs to callers of tenant `tenant`; `cursor()` opens a DuckDB cursor."""
 
     def __init__(self, location: str, *, tenant: str, served: ServedDatasets, cursor: Callable[[], duckdb.DuckDBPyConnection],
-                 limits: QueryLimits | None = None) -> None:
+                 limits: QueryLimits | None = None, tails: WorkerTails | None = None) -> None:
         super().__init__(location, middleware={HEADERS_MIDDLEWARE: HeadersMiddlewareFactory()})
         self.tenant = tenant
         self.served = served
+        self.tails = tails
         self._cursor = cursor
         self.limits = limits or QueryLimits()
         self.watchdog = QueryWatchdog()
@@ -192,14 +195,15 @@ class WorkerFlightServer(flight.FlightServerBase):
         """Bind, plan and compute the first batch; the rest streams from the returned iterator."""
         check_query(request.sql, request.dataset, tuple(dataset for dataset, _ in request.joined))
         limits = self.limits.effective(request)
-        pins = self._pin_all(request)
+        pins, tail = self._pin_all(request)
         cursor = self._cursor()
         running = _Running(cursor, time.monotonic() + limits.timeout_ms / 1000, context, request.query_id)
         token = self.watchdog.watch(running)
         try:
-            for pin in pins:
+            for index, pin in enumerate(pins):
                 served = pin.served
-                cursor.execute(f"CREATE TEMP VIEW {quote(served.dataset)} AS SELECT * FROM main.{quote(served.table)}")
+                cursor.execute(f"CREATE TEMP VIEW {quote(served.dataset)} AS "
+                               f"{bind_tail(cursor, served.table, tail if index == 0 else None)}")
             epoch = pins[0].served.epoch
             if running.reason:  # cancelled before it began (the gateway's CANCEL_ACTION came first)
                 raise self._interrupted(running, request, limits, epoch)
@@ -209,19 +213,29 @@ class WorkerFlightServer(flight.FlightServerBase):
             self._finish(token, pins, cursor)
             raise
         self.watchdog.detach_context(token)
-        return reader.schema, self._stream(first, reader, request, running, limits, epoch, token, pins, cursor)
+        schema = answer_schema(reader.schema, epoch, tail, request.committed_only)
+        return schema, self._stream(first, reader, request, running, limits, epoch, token, pins, cursor, schema)
 
-    def _pin_all(self, request: QueryRequest) -> list[EpochPin]:
-        """The query's dataset pinned (its epoch, or the newest), then each joined one at its epoch."""
-        pins = [self.served.pin(request.dataset, request.epoch or None)]
+    def _pin_all(self, request: QueryRequest) -> tuple[list[EpochPin], PinnedTail | None]:
+        """The query's dataset pinned (its epoch, or the newest) with its tail unless the request
+        asks for the committed epoch alone, then each joined one at its epoch."""
+        def pin() -> EpochPin:
+            return self.served.pin(request.dataset, request.epoch or None)
+
+        tail = None
+        if self.tails is None or request.committed_only:
+            first = pin()
+        else:
+            first, tail = self.tails.pin_with_tail(request.dataset, pin, lambda p: p.served.epoch)
+        pins = [first]
         try:
             for dataset, epoch in request.joined:
                 pins.append(self.served.pin(dataset, epoch))
         except BaseException:
-            for pin in pins:
-                pin.release()
+            for held in pins:
+                held.release()
             raise
-        return pins
+        return pins, tail
 
     def _run(self, cursor, request: QueryRequest, running: _Running, limits: QueryLimits, epoch: str):
         import duckdb
@@ -266,9 +280,10 @@ class WorkerFlightServer(flight.FlightServerBase):
         return error
 
     def _stream(self, first, reader, request: QueryRequest, running: _Running, limits: QueryLimits, epoch: str,
-                token: int, pins: list[EpochPin], cursor) -> Iterator[pa.RecordBatch]:
+                token: int, pins: list[EpochPin], cursor, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         rows = size = 0
         batch = first
+        relabel = schema.metadata != reader.schema.metadata
         try:
             while batch is not None:
                 rows, size = rows + batch.num_rows, size + batch_bytes(batch)
@@ -277,7 +292,7 @@ class WorkerFlightServer(flight.FlightServerBase):
                         f"result of the query on dataset {request.dataset!r} exceeds its limit "
                         f"(max_rows={limits.max_rows}, max_bytes={limits.max_bytes}; at least {rows} rows, "
                         f"{size} bytes): select fewer rows or columns, or aggregate"))
-                yield batch
+                yield pa.RecordBatch.from_arrays(batch.columns, schema=schema) if relabel else batch
                 try:
                     batch = self._next(reader, request, running, limits, epoch)
                 except SpeedLayerError as exc:

@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from speedlayer.worker.flight_server import WorkerFlightServer
     from speedlayer.worker.loader import EpochLoader
     from speedlayer.worker.serving import ServedDatasets
+    from speedlayer.worker.tails import WorkerTails
 
     config = load_worker_config(args.config, flag_overrides(args))
     configure_logging(args.log_level, role="worker", tenant_id=config.tenant, worker_id=config.worker_id)
@@ -83,15 +84,18 @@ def run(args: argparse.Namespace) -> int:
     loader = EpochLoader(memory_limit_bytes=config.memory_bytes, threads=config.threads,
                          storage_options=config.storage_options)
     served = ServedDatasets(drop_table=loader.drop)
+    tails = WorkerTails()  # datasets served with their topic's tail (speedlayer.worker.tails)
     limits = QueryLimits(max_rows=config.max_result_rows, max_bytes=config.max_result_bytes,
                          timeout_ms=config.query_timeout_ms)
     server = WorkerFlightServer(f"grpc://{config.listen}", tenant=config.tenant, served=served,
-                                cursor=loader.cursor, limits=limits)
+                                cursor=loader.cursor, limits=limits, tails=tails)
     # Registered with the master (RegisterEvent.address -> /workers/{tenant}/{id}) for the gateway.
-    agent = WorkerAgent(replace(config, address=config.advertised_address(server.port)), loader=loader, served=served)
+    agent = WorkerAgent(replace(config, address=config.advertised_address(server.port)), loader=loader, served=served,
+                        tails=tails)
     stop_on_signals(agent.stop)
     try:
         agent.run()
     finally:
+        tails.stop()
         server.shutdown()
     return 0

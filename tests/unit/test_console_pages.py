@@ -490,3 +490,20 @@ def test_pipelines_page_sets_cursors_against_heads_and_the_announcement_against_
         "demo", "orders", "e2", "r2", "ASSIGNED", version=7, created_ms=2).to_json())
     detail = eventually(lambda: (t := client.get("/pipelines/orders").text) and 'epoch-version">7<' in t and t)
     assert "announcement-pending" not in detail and 'data-field="announced-version">7<' in detail
+
+
+def test_speedlayer_page_says_which_datasets_serve_their_topics_tail(platform):
+    from speedlayer.keys import SpeedLayerKeys
+    from speedlayer.records import DatasetSpec
+    from speedlayer.tail_spec import TailSpec
+    from tests.rig import eventually
+
+    metadata, store, _ = platform
+    client = client_for(metadata, store)
+    keys = SpeedLayerKeys()
+    metadata.put(keys.dataset_spec("demo", "fresh"), DatasetSpec("delta", "/lake/fresh", tail=TailSpec("x").to_json()).to_json())
+    metadata.put(keys.dataset_spec("demo", "plain"), DatasetSpec("delta", "/lake/plain").to_json())
+    text = eventually(lambda: (t := client.get("/speedlayer").text) and "/lake/plain" in t and "/lake/fresh" in t and t)
+    fresh = text.split("/lake/fresh", 1)[1].split("</h4>", 1)[0]
+    plain = text.split("/lake/plain", 1)[1].split("</h4>", 1)[0]
+    assert "with its topic's tail" in fresh and "tail" not in plain

@@ -150,7 +150,7 @@ class ResourceStatus(_message.Message):
     def __init__(self, memory_used_bytes: _Optional[int] = ..., cpu_load_avg_5m: _Optional[float] = ...) -> None: ...
 
 class LoadPlan(_message.Message):
-    __slots__ = ("plan_id", "source", "destination_table_name", "arrow_schema", "tenant_id", "dataset_id", "epoch_id", "estimated_memory_bytes", "total_rows", "partition_columns", "base_epoch_id", "version")
+    __slots__ = ("plan_id", "source", "destination_table_name", "arrow_schema", "tenant_id", "dataset_id", "epoch_id", "estimated_memory_bytes", "total_rows", "partition_columns", "base_epoch_id", "version", "tail")
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_TABLE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +163,7 @@ class LoadPlan(_message.Message):
     PARTITION_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     BASE_EPOCH_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
     plan_id: str
     source: DataSource
     destination_table_name: str
@@ -175,7 +176,8 @@ class LoadPlan(_message.Message):
     partition_columns: _containers.RepeatedScalarFieldContainer[str]
     base_epoch_id: str
     version: int
-    def __init__(self, plan_id: _Optional[str] = ..., source: _Optional[_Union[DataSource, _Mapping]] = ..., destination_table_name: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ..., tenant_id: _Optional[str] = ..., dataset_id: _Optional[str] = ..., epoch_id: _Optional[str] = ..., estimated_memory_bytes: _Optional[int] = ..., total_rows: _Optional[int] = ..., partition_columns: _Optional[_Iterable[str]] = ..., base_epoch_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    tail: str
+    def __init__(self, plan_id: _Optional[str] = ..., source: _Optional[_Union[DataSource, _Mapping]] = ..., destination_table_name: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ..., tenant_id: _Optional[str] = ..., dataset_id: _Optional[str] = ..., epoch_id: _Optional[str] = ..., estimated_memory_bytes: _Optional[int] = ..., total_rows: _Optional[int] = ..., partition_columns: _Optional[_Iterable[str]] = ..., base_epoch_id: _Optional[str] = ..., version: _Optional[int] = ..., tail: _Optional[str] = ...) -> None: ...
 
 class DataSource(_message.Message):
     __slots__ = ("iceberg", "olap", "delta")

@@ -7,20 +7,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AdmitDatasetRequest(_message.Message):
-    __slots__ = ("tenant_id", "dataset_id", "partitions_to_load", "source", "request_id", "replication")
+    __slots__ = ("tenant_id", "dataset_id", "partitions_to_load", "source", "request_id", "replication", "tail")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_TO_LOAD_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     dataset_id: str
     partitions_to_load: _containers.RepeatedCompositeFieldContainer[PartitionSpec]
     source: DataSourceIdentifier
     request_id: str
     replication: int
-    def __init__(self, tenant_id: _Optional[str] = ..., dataset_id: _Optional[str] = ..., partitions_to_load: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., source: _Optional[_Union[DataSourceIdentifier, _Mapping]] = ..., request_id: _Optional[str] = ..., replication: _Optional[int] = ...) -> None: ...
+    tail: TailOptions
+    def __init__(self, tenant_id: _Optional[str] = ..., dataset_id: _Optional[str] = ..., partitions_to_load: _Optional[_Iterable[_Union[PartitionSpec, _Mapping]]] = ..., source: _Optional[_Union[DataSourceIdentifier, _Mapping]] = ..., request_id: _Optional[str] = ..., replication: _Optional[int] = ..., tail: _Optional[_Union[TailOptions, _Mapping]] = ...) -> None: ...
+
+class TailOptions(_message.Message):
+    __slots__ = ("pipeline_config", "limit_rows", "limit_bytes")
+    PIPELINE_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_ROWS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    pipeline_config: str
+    limit_rows: int
+    limit_bytes: int
+    def __init__(self, pipeline_config: _Optional[str] = ..., limit_rows: _Optional[int] = ..., limit_bytes: _Optional[int] = ...) -> None: ...
 
 class AdmitDatasetResponse(_message.Message):
     __slots__ = ("epoch_id", "message", "status", "request_id")

@@ -1,0 +1,174 @@
+"""The decoded rows of a dataset's tail held in memory, and the part of them one answer reads.
+
+The store holds, per topic partition, a contiguous run of offsets `[start[p], end[p])` as
+immutable Arrow chunks in offset order (quarantined offsets are absent, as they are from the
+pipeline's Delta table). An answer on epoch E, which holds everything below `offsets[p]`, reads
+exactly the rows with `offsets[p] <= _offset`: no offset E holds is counted twice, and since the
+run reaches back to at least `offsets[p]`, none is missing. If it does not reach back that far
+(the epoch is older than what the store kept), `snapshot` says so rather than answer with a gap.
+
+A snapshot is a list of the chunks at one moment, so a running query keeps reading what it
+pinned while new chunks arrive and old ones are trimmed; chunks are never changed in place.
+The store is bounded by `limit_rows` / `limit_bytes`: `room()` tells the follower how many rows
+it may still add; past it the tail stops advancing and says how far behind it is, never drops.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+TOPIC, OFFSET = "_topic", "_offset"
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    rows: pa.Table
+    first: Mapping[str, int]  # per partition, the first offset this chunk read (its rows may start later)
+    ends: Mapping[str, int]   # per partition, the end-exclusive offset read up to with this chunk
+
+
+@dataclass(frozen=True)
+class TailSnapshot:
+    """What one answer reads of the tail: `rows` (at or above the epoch's offsets) and what the
+    answer's metadata says: the last offset per partition the tail has read (end - 1), how old
+    that is, its state and the rows the store holds in all."""
+
+    rows: pa.Table | None
+    last_offsets: Mapping[str, int]
+    age_ms: int
+    state: str
+    held_rows: int
+
+    def metadata(self) -> dict:
+        return {"state": self.state, "last_offsets": dict(sorted(self.last_offsets.items())),
+                "age_ms": self.age_ms, "rows": 0 if self.rows is None else self.rows.num_rows,
+                "held_rows": self.held_rows}
+
+
+@dataclass
+class TailStore:
+    """`start`: the offsets the tail begins at (end-exclusive offsets of the epoch it started from)."""
+
+    start: dict[str, int]
+    limit_rows: int
+    limit_bytes: int = 0
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    _chunks: list[_Chunk] = field(default_factory=list, repr=False)
+    _ends: dict[str, int] = field(default_factory=dict, repr=False)
+    _rows: int = 0
+    _bytes: int = 0
+    _read_at: float | None = None  # when the follower last found the topic read up to its head
+    _state: str = "starting"
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.limit_rows <= 0:
+            raise ValueError(f"limit_rows={self.limit_rows}: a tail must be allowed at least one row")
+        self._ends = dict(self.start)
+
+    @property
+    def ends(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._ends)
+
+    def room(self) -> int:
+        """Rows the store may still take (0: full, the follower waits for a trim)."""
+        with self._lock:
+            rows = self.limit_rows - self._rows
+            if self.limit_bytes and self._bytes >= self.limit_bytes:
+                return 0
+            return max(rows, 0)
+
+    def append(self, rows: pa.Table, first: Mapping[str, int], ends: Mapping[str, int]) -> None:
+        """Add what was read of `[first[p], ends[p])`; `first` must continue where the store ends."""
+        with self._lock:
+            for topic, begin in first.items():
+                held = self._ends.get(topic)
+                if held is not None and begin != held:
+                    raise ValueError(f"tail of {topic}: read from {begin}, the store ends at {held} "
+                                     "(the follower must continue where it stopped)")
+            chunk = _Chunk(rows, dict(first), dict(ends))
+            if rows.num_rows:
+                self._chunks = [*self._chunks, chunk]
+                self._rows += rows.num_rows
+                self._bytes += rows.nbytes
+            for topic, begin in first.items():
+                self.start.setdefault(topic, begin)
+            self._ends.update(ends)
+
+    def mark(self, state: str, *, caught_up: bool = False) -> None:
+        """The follower's state (`following`, `behind: ...`, an error); `caught_up`: it has just read
+        the topic up to its head, which is what the answer's age counts from."""
+        with self._lock:
+            self._state = state
+            if caught_up:
+                self._read_at = self.clock()
+
+    def age_ms(self) -> int:
+        """Milliseconds since the tail last read its topic up to the head (-1: not yet)."""
+        with self._lock:
+            return -1 if self._read_at is None else int((self.clock() - self._read_at) * 1000)
+
+    def covers(self, offsets: Mapping[str, int]) -> bool:
+        """True when the store reaches back to `offsets` in every partition it holds (no gap)."""
+        with self._lock:
+            return self._covers(offsets)
+
+    def _covers(self, offsets: Mapping[str, int]) -> bool:
+        return all(offsets.get(topic, begin) >= begin for topic, begin in self.start.items())
+
+    def snapshot(self, offsets: Mapping[str, int]) -> TailSnapshot | None:
+        """The rows at or above `offsets` (an epoch's), or None when the store does not reach back
+        to them (answering would leave a gap)."""
+        with self._lock:
+            if not self._covers(offsets):
+                return None
+            chunks, ends, state, held = self._chunks, dict(self._ends), self._state, self._rows
+            age = -1 if self._read_at is None else int((self.clock() - self._read_at) * 1000)
+        parts = [part for part in (_above(chunk, offsets) for chunk in chunks) if part is not None]
+        rows = pa.concat_tables(parts) if parts else None
+        last = {topic: end - 1 for topic, end in ends.items() if end > offsets.get(topic, 0)}
+        return TailSnapshot(rows, last, age, state, held)
+
+    def trim(self, offsets: Mapping[str, int]) -> None:
+        """Drop the rows below `offsets` (the oldest epoch still served holds them); the store
+        then starts there."""
+        with self._lock:
+            kept: list[_Chunk] = []
+            for chunk in self._chunks:
+                part = _above(chunk, offsets)
+                if part is None:
+                    continue
+                kept.append(chunk if part is chunk.rows else _Chunk(part, chunk.first, chunk.ends))
+            self._chunks = kept
+            self._rows = sum(c.rows.num_rows for c in kept)
+            self._bytes = sum(c.rows.nbytes for c in kept)
+            for topic, begin in list(self.start.items()):
+                if topic in offsets:
+                    self.start[topic] = max(begin, min(offsets[topic], self._ends.get(topic, begin)))
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """(rows, bytes) held."""
+        with self._lock:
+            return self._rows, self._bytes
+
+
+def _above(chunk: _Chunk, offsets: Mapping[str, int]) -> pa.Table | None:
+    """The chunk's rows at or above `offsets` (the chunk itself when all are), None when none are."""
+    if all(chunk.first.get(t, 0) >= offsets.get(t, 0) for t in chunk.ends):
+        return chunk.rows
+    if all(end <= offsets.get(t, 0) for t, end in chunk.ends.items()):
+        return None
+    keep = None
+    for topic in chunk.ends:
+        mine = pc.and_(pc.equal(chunk.rows[TOPIC], topic), pc.greater_equal(chunk.rows[OFFSET], offsets.get(topic, 0)))
+        keep = mine if keep is None else pc.or_(keep, mine)
+    part = chunk.rows.filter(keep)
+    return part if part.num_rows else None
