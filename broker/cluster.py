@@ -29,6 +29,7 @@ from typing import Callable, Protocol
 
 from danube_core.errors import DanubeError
 from danube_core.keys import (
+    assignment_key,
     broker_assignments_prefix,
     broker_state_key,
     cluster_name_key,
@@ -49,6 +50,10 @@ from broker.load_report import LoadReporter, TopicLoad
 logger = logging.getLogger(__name__)
 
 UNLOAD_REASONS = ("unload", "rebalance", "drain_redirect")
+
+
+LOAD_RETRY_FIRST_S = 0.5  # a topic that failed to load is loaded again after this, doubling
+LOAD_RETRY_MAX_S = 5.0     # up to this
 
 
 class AssignmentListener(Protocol):
@@ -83,6 +88,7 @@ class ClusterMembership:
         self._cluster_name = cluster_name
         self._coordination = coordination
         self._events: queue.SimpleQueue[tuple[str, TopicName] | None] = queue.SimpleQueue()
+        self._load_retry_s: dict[str, float] = {}  # topic -> the backoff of its next load retry
         self._stop = threading.Event()
         self._lease: Lease | None = None
         self._keep_alive: KeepAlive | None = None
@@ -167,10 +173,40 @@ class ClusterMembership:
             try:
                 if kind == "put":
                     listener.on_assigned(topic)
+                    self._load_retry_s.pop(str(topic), None)
                 else:
                     self._release(listener, topic)
             except Exception:  # one bad topic must not stop the others
                 logger.exception("broker %d could not apply assignment %s of %s", self.broker_id, kind, topic)
+                if kind == "put":
+                    self._retry_load(topic)
+
+    def _retry_load(self, topic: TopicName) -> None:
+        """Load `topic` again after a capped backoff, while it is still assigned here.
+
+        A load can fail for a while (the WAL's disk full, etcd or storage unreachable); the
+        assignment stays, so nobody else serves the topic, and without a retry it stayed
+        unserved until this broker restarted (found by the soak, issue 43: a partition that
+        met a full WAL disk as it moved here took no message for the rest of the run)."""
+        delay_s = min(self._load_retry_s.get(str(topic), LOAD_RETRY_FIRST_S / 2) * 2, LOAD_RETRY_MAX_S)
+        self._load_retry_s[str(topic)] = delay_s
+        logger.warning("broker %d loads %s again in %.1fs", self.broker_id, topic, delay_s)
+
+        def again() -> None:
+            if self._stop.is_set():
+                return
+            try:
+                assigned = self._metadata.get(assignment_key(self.broker_id, topic)) is not None
+            except DanubeError:
+                assigned = True  # etcd unreachable: the load itself fails again and is retried
+            if assigned:
+                self._events.put(("put", topic))
+            else:
+                self._load_retry_s.pop(str(topic), None)
+
+        timer = threading.Timer(delay_s, again)
+        timer.daemon = True
+        timer.start()
 
     def _release(self, listener: AssignmentListener, topic: TopicName) -> None:
         key = unassigned_key(topic)
