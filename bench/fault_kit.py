@@ -252,8 +252,17 @@ class AckingProducer:
     under the same id (a retry is a new message), so "acknowledged" is exactly what the client
     was told was written."""
 
-    def __init__(self, url: str, topic: str, limit: int | None = None, rate_per_s: float | None = None) -> None:
+    def __init__(self, url: str, topic: str, limit: int | None = None, rate_per_s: float | None = None, *,
+                 partitions: int = 0, make_payload: Callable[[int], bytes] = payload,
+                 send_timeout_s: float | None = None) -> None:
+        """`partitions`: a partitioned topic's partition count (the client spreads the sends
+        round-robin); `make_payload`: message i's payload, which must name i (`payload_id`);
+        `send_timeout_s`: a send (or the producer's creation) not answered within it fails,
+        and any failed send has the producer built anew (fresh lookups of every partition), as
+        an application would whose producer got stuck (the soak: its brokers die, move topics
+        and come back while it sends; None: the client alone recovers, without a deadline)."""
         self.url, self.topic, self.limit, self.rate_per_s = url, topic, limit, rate_per_s
+        self.partitions, self.make_payload, self.send_timeout_s = partitions, make_payload, send_timeout_s
         self.sent: list[int] = []
         self.acked: list[int] = []
         self.ack_times: list[float] = []
@@ -287,24 +296,35 @@ class AckingProducer:
                 paced_sends += 1
             try:
                 if producer is None:
-                    client = await DanubeClientBuilder().service_url(self.url).build()
-                    built = (client.new_producer().with_topic(self.topic).with_name(f"faults-{os.getpid()}")
-                             .with_dispatch_strategy(DispatchStrategy.RELIABLE)
-                             .with_options(ProducerOptions(max_retries=3, base_backoff_ms=100)).build())
-                    await built.create()
+                    client = await asyncio.wait_for(DanubeClientBuilder().service_url(self.url).build(),
+                                                    self.send_timeout_s)
+                    builder = (client.new_producer().with_topic(self.topic).with_name(f"faults-{os.getpid()}")
+                               .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+                               .with_options(ProducerOptions(max_retries=3, base_backoff_ms=100)))
+                    if self.partitions:
+                        builder = builder.with_partitions(self.partitions)
+                    built = builder.build()
+                    await asyncio.wait_for(built.create(), self.send_timeout_s)
                     producer = built
                 self.sent.append(i)
-                await producer.send(payload(i), {"i": str(i)})
+                await asyncio.wait_for(producer.send(self.make_payload(i), {"i": str(i)}), self.send_timeout_s)
                 self.acked.append(i)
                 self.ack_times.append(time.monotonic())
             except Exception as exc:  # not acknowledged (the client reconnects by itself)
                 self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                if self.send_timeout_s is not None and producer is not None:
+                    await _close_quietly(producer)
+                    producer = None
                 await asyncio.sleep(0.05)
         if producer is not None:
-            try:
-                await producer.close()
-            except Exception:
-                pass
+            await _close_quietly(producer)
+
+
+async def _close_quietly(producer: Any) -> None:
+    try:
+        await asyncio.wait_for(producer.close(), 10)
+    except Exception:
+        pass
 
 
 # ---- the checker -------------------------------------------------------------------------

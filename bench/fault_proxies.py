@@ -1,7 +1,9 @@
 """Fault-injecting proxies on loopback, for the fault battery (`bench/faults.py`).
 
-`FaultProxy` forwards TCP from a free local port to a target port, in one of four modes,
-switchable while it runs:
+`FaultProxy` forwards TCP from a free local port to a target port (or, given several, to each
+in turn, skipping one that refuses: a load balancer in front of an etcd cluster, as the soak's
+brokers use, whose `meta_store` names one endpoint), in one of four modes, switchable while it
+runs:
 
 * `pass`: bytes forwarded as they come;
 * `delay`: every chunk, either way, held `delay_s` before it is forwarded (an etcd slowed past
@@ -32,8 +34,10 @@ _SLOWDOWN_RESPONSE = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\
 class FaultProxy:
     """A loopback TCP proxy to `127.0.0.1:target_port` with a switchable fault mode."""
 
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, *more_ports: int) -> None:
         self.target_port = target_port
+        self.target_ports = (target_port, *more_ports)
+        self._next_target = 0
         self.mode = PASS
         self.delay_s = 0.0
         self.faulted = 0  # connections reset or answered 503
@@ -86,9 +90,8 @@ class FaultProxy:
                 pass
             client.close()
             return
-        try:
-            upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
-        except OSError:
+        upstream = self._connect_upstream()
+        if upstream is None:
             _reset(client)
             return
         upstream.settimeout(None)
@@ -96,6 +99,18 @@ class FaultProxy:
             self._live.update((client, upstream))
         for src, dst in ((client, upstream), (upstream, client)):
             threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _connect_upstream(self) -> socket.socket | None:
+        """A connection to the next target in turn that accepts one (None: none does)."""
+        with self._lock:
+            first, self._next_target = self._next_target, self._next_target + 1
+        for i in range(len(self.target_ports)):
+            port = self.target_ports[(first + i) % len(self.target_ports)]
+            try:
+                return socket.create_connection(("127.0.0.1", port), timeout=10)
+            except OSError:
+                continue
+        return None
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
