@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "ManagementClient", "delta_request"]
 
 
+TAIL_CALL_TIMEOUT_S = 60.0
+
+
 class ManagementClient:
     """The ManagementService of the masters at `masters` (`host:port`, a list or comma-separated)."""
 
@@ -90,6 +93,14 @@ class ManagementClient:
                     time.sleep(min(retry_ms, 2000) / 1000)
 
     def admit(self, request: mg.AdmitDatasetRequest) -> mg.AdmitDatasetResponse:
+        """An admission; one with a tail waits up to TAIL_CALL_TIMEOUT_S per try, since the master
+        checks the pipeline file in a process of its own (a Python start and the pipeline's imports)."""
+        if request.HasField("tail") and self.call_timeout_s < TAIL_CALL_TIMEOUT_S:
+            saved, self.call_timeout_s = self.call_timeout_s, TAIL_CALL_TIMEOUT_S
+            try:
+                return self.call("AdmitDataset", request)
+            finally:
+                self.call_timeout_s = saved
         return self.call("AdmitDataset", request)
 
     def status(self, tenant: str, dataset: str, epoch: str = "") -> mg.DatasetStatusResponse:

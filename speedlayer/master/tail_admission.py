@@ -21,7 +21,10 @@ pipeline file is checked by the pipeline's own code in a tail process, asked onc
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
+import time
 from typing import Callable, Mapping
 
 from speedlayer.api.v1 import management_service_pb2 as mg
@@ -103,16 +106,30 @@ def pipeline_facts(text: str, check: Callable[[str], dict]) -> dict:
         raise PreconditionError(said) from exc  # etcd or storage unreachable, the process failed
 
 
+_CHECKED: dict[str, tuple[float, dict]] = {}  # sha256 of a pipeline file -> (when, what its check said)
+_CHECKED_LOCK = threading.Lock()
+CHECK_REUSE_S = 60.0  # a retried admission (its client timed out) reuses the check, not a second process
+
+
 def check_in_tail_process(text: str) -> dict:
     """One `python -m pipelines tail` asked to `check` the pipeline file (the master may not
-    import the pipelines package: it imports the speed layer's announcer)."""
+    import the pipelines package: it imports the speed layer's announcer). A file that passed
+    within CHECK_REUSE_S is not checked again."""
     from speedlayer.protocol.tail_process import TailProcess
 
+    key = hashlib.sha256(text.encode()).hexdigest()
+    with _CHECKED_LOCK:
+        known = _CHECKED.get(key)
+    if known is not None and time.monotonic() - known[0] < CHECK_REUSE_S:
+        return known[1]
     process = TailProcess()
     try:
-        return dict(process.ask("check", pipeline_config=text)[0])
+        facts = dict(process.ask("check", pipeline_config=text)[0])
     finally:
         process.close()
+    with _CHECKED_LOCK:
+        _CHECKED[key] = (time.monotonic(), facts)
+    return facts
 
 
 def _check_namespaces(namespaces: list[str], tenant: TenantConfig, tenant_id: str) -> None:

@@ -86,13 +86,22 @@ class TailStore:
             return max(rows, 0)
 
     def append(self, rows: pa.Table, first: Mapping[str, int], ends: Mapping[str, int]) -> None:
-        """Add what was read of `[first[p], ends[p])`; `first` must continue where the store ends."""
+        """Add what was read of `[first[p], ends[p])`; `first` must continue where the store ends,
+        or start below it when a trim moved the store past offsets every epoch holds meanwhile
+        (those rows are dropped)."""
         with self._lock:
+            skip: dict[str, int] = {}
             for topic, begin in first.items():
                 held = self._ends.get(topic)
-                if held is not None and begin != held:
+                if held is not None and begin > held:
                     raise ValueError(f"tail of {topic}: read from {begin}, the store ends at {held} "
                                      "(the follower must continue where it stopped)")
+                if held is not None and begin < held:
+                    skip[topic] = held
+            if skip:
+                rows = _above(_Chunk(rows, dict(first), dict(ends)), skip) or rows.slice(0, 0)
+                first = {t: max(b, skip.get(t, b)) for t, b in first.items()}
+                ends = {t: max(e, skip.get(t, e)) for t, e in ends.items()}
             chunk = _Chunk(rows, dict(first), dict(ends))
             if rows.num_rows:
                 self._chunks = [*self._chunks, chunk]
@@ -150,8 +159,10 @@ class TailStore:
             self._rows = sum(c.rows.num_rows for c in kept)
             self._bytes = sum(c.rows.nbytes for c in kept)
             for topic, begin in list(self.start.items()):
-                if topic in offsets:
-                    self.start[topic] = max(begin, min(offsets[topic], self._ends.get(topic, begin)))
+                if topic in offsets and offsets[topic] > begin:
+                    self.start[topic] = offsets[topic]
+                    # every epoch still served holds what lies below: the tail need not read it
+                    self._ends[topic] = max(self._ends.get(topic, begin), offsets[topic])
 
     @property
     def held(self) -> tuple[int, int]:

@@ -137,6 +137,17 @@ def test_trim_drops_what_the_oldest_epoch_holds_and_frees_room():
     assert store.snapshot({P0: 4}).rows["_offset"].to_pylist() == [4, 5]
 
 
+def test_a_trim_past_what_the_tail_read_skips_what_every_epoch_holds():
+    store = TailStore({P0: 0}, limit_rows=100)
+    store.append(rows(P0, range(0, 3)), {P0: 0}, {P0: 3})
+    store.trim({P0: 10})  # the oldest epoch served holds [0, 10): nothing below is read
+    assert store.ends == {P0: 10} and store.held[0] == 0
+    store.append(rows(P0, range(3, 12)), {P0: 3}, {P0: 12})  # a read begun before the trim
+    assert store.ends == {P0: 12} and store.snapshot({P0: 10}).rows["_offset"].to_pylist() == [10, 11]
+    with pytest.raises(ValueError, match="continue where it stopped"):
+        store.append(rows(P0, range(13, 14)), {P0: 13}, {P0: 14})
+
+
 def test_a_byte_limit_stops_the_store_too():
     store = TailStore({P0: 0}, limit_rows=1000, limit_bytes=1)
     store.append(rows(P0, range(0, 2)), {P0: 0}, {P0: 2})
