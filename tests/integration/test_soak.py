@@ -21,7 +21,7 @@ from bench.chaos.schedule import KINDS
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SEED = 43
-MINUTES = 2.0
+MINUTES = 1.5
 
 
 def test_short_soak_with_every_fault_finds_only_the_planted_duplicate(tmp_path):
