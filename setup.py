@@ -13,16 +13,24 @@ client port: Python's gRPC server alone spends more CPU per SendMessage than the
 whole durable publish. Without it the broker serves with Python's gRPC server
 (`broker.grpc_front: auto`, broker/send_front.py).
 
+`speedlayer/clients/danube-flight-sql-dialect.jar` (Java, built with `javac` by
+`speedlayer.clients.spark_jdbc`) is the Spark JDBC dialect of the gateway's Flight SQL URLs: a
+wheel carries it built, so its users need no JDK; without `javac` the build goes on and
+`dialect_jar()` builds it on first use where a JDK is.
+
 `DANUBE_LIMITED_API=cp311` builds the C decoder against the stable ABI of Python 3.11+
 (`Py_LIMITED_API`; the buffer protocol it exports joined the limited API in 3.11), so one
 wheel serves every later Python: deploy/build-wheels.sh uses it.
 """
 
+import importlib.util
 import os
 import shutil
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 from setuptools_rust import Binding, RustExtension
 
 NO_COMPILER = """
@@ -42,6 +50,15 @@ the PATH. The install goes on: the broker serves its client port with Python's g
 alone (broker.grpc_front: auto), which spends ~300 µs of CPU per SendMessage, so publishes are
 ~3-4x slower (bench/README.md). To build it, install Rust (https://rustup.rs) and install
 again, or install a prebuilt wheel of danube-spark (deploy/build-wheels.sh builds them).
+"""
+
+NO_JAVAC = """
+danube-spark: skipping the Spark JDBC dialect jar (speedlayer/clients/danube-flight-sql-dialect.jar):
+  {error}
+The install goes on: `speedlayer.clients.spark_jdbc.dialect_jar()` builds it on first use where a
+JDK's javac is; without it Spark's JDBC reader refuses zoned timestamps, lists, structs and maps
+from the gateway by name (docs/speedlayer.md). Install a JDK 17+ and build again for a wheel that
+carries it.
 """
 
 FRAME_DECODER = "danube_core._fastdecode"
@@ -70,6 +87,23 @@ class BuildOptionalExtensions(build_ext):
             print(NO_COMPILER.format(error=f"{type(exc).__name__}: {exc}"))
 
 
+class BuildPyWithDialectJar(build_py):
+    """`build_py` that also puts the Spark JDBC dialect's jar into the build, where javac is."""
+
+    def run(self):
+        super().run()
+        if self.editable_mode:
+            return  # an editable install builds it on first use, from the tree
+        source = Path(__file__).parent / "speedlayer" / "clients" / "spark_jdbc.py"
+        spec = importlib.util.spec_from_file_location("_spark_jdbc_build", source)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # the module alone: no package imports at build time
+        try:
+            module.build_jar(Path(self.build_lib) / "speedlayer" / "clients" / module.JAR_NAME)
+        except module.DialectBuildError as exc:
+            print(NO_JAVAC.format(error=str(exc).splitlines()[0]))
+
+
 def frame_decoder() -> Extension:
     if LIMITED is not None and LIMITED not in LIMITED_API:
         raise SystemExit(f"DANUBE_LIMITED_API={LIMITED!r}: expected one of {', '.join(LIMITED_API)}")
@@ -84,7 +118,7 @@ def frame_decoder() -> Extension:
 
 
 setup(
-    cmdclass={"build_ext": BuildOptionalExtensions},
+    cmdclass={"build_ext": BuildOptionalExtensions, "build_py": BuildPyWithDialectJar},
     ext_modules=[frame_decoder()],
     # the wheel's tag says what the decoder was built against: cp311-abi3 for every Python >= 3.11
     options={"bdist_wheel": {"py_limited_api": LIMITED}} if LIMITED else {},

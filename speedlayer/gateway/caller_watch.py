@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -75,7 +76,11 @@ class CallerWatch:
                 for entry in gone:
                     entry.gone = True
             for entry in gone:
+                noticed = time.monotonic()
                 try:
                     self._on_gone(entry.query_id)
                 except Exception:  # a worker that cannot be told still stops at the query's deadline
                     logger.warning("could not stop query %s after its caller went", entry.query_id, exc_info=True)
+                    continue
+                logger.info("caller of query %s gone (noticed at monotonic %.6f): its workers told in %.1f ms",
+                            entry.query_id, noticed, (time.monotonic() - noticed) * 1000)

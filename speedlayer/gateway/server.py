@@ -332,16 +332,23 @@ def colocated(routes: list[Route]) -> Route:
 
 
 def _chain(buffered: list[pa.RecordBatch], reader: flight.FlightStreamReader) -> Iterator[pa.RecordBatch]:
-    """The buffered batches, then the rest of a replica's stream (errors as speed layer errors)."""
-    yield from buffered
-    while True:
-        try:
-            yield reader.read_chunk().data
-        except StopIteration:
-            return
-        except (flight.FlightError, pa.ArrowException, OSError) as exc:
+    """The buffered batches, then the rest of a replica's stream (errors as speed layer errors).
+    Closed before the end (the caller went, or the answer was dropped), it cancels the replica's
+    stream at once, so the worker stops the query then rather than when the reader is collected."""
+    finished = False
+    try:
+        yield from buffered
+        while True:
+            try:
+                yield reader.read_chunk().data
+            except StopIteration:
+                finished = True
+                return
+            except (flight.FlightError, pa.ArrowException, OSError) as exc:
+                raise from_flight(exc) from exc
+    finally:
+        if not finished:
             reader.cancel()
-            raise from_flight(exc) from exc
 
 
 def _worth_another_replica(error: SpeedLayerError) -> bool:

@@ -62,6 +62,9 @@ class _Running:
     context: flight.ServerCallContext | None
     query_id: str = ""  # the gateway's id for it (CANCEL_ACTION)
     reason: str = ""  # "timeout" or "cancelled" once interrupted
+    # time.monotonic() (CLOCK_MONOTONIC: one clock for every process of the host) when its
+    # interrupt was first asked: how long a stopped query held the worker is measured from it.
+    interrupted_at: float = 0.0
 
 
 @dataclass
@@ -84,7 +87,7 @@ class QueryWatchdog:
         """Watch `running` until `unwatch`; one whose id was cancelled already starts as cancelled."""
         with self._lock:
             if running.query_id and running.query_id in self._cancelled:
-                running.reason = "cancelled"
+                running.reason, running.interrupted_at = "cancelled", time.monotonic()
             token = id(running)
             self._running[token] = running
             return token
@@ -110,7 +113,7 @@ class QueryWatchdog:
             found = [query for query in self._running.values() if query_id and query.query_id == query_id]
             for query in found:
                 if not query.reason:
-                    query.reason = "cancelled"
+                    query.reason, query.interrupted_at = "cancelled", now
                     self._interrupt(query)
         return len(found)
 
@@ -133,6 +136,7 @@ class QueryWatchdog:
             query.reason = "cancelled"
         else:
             return
+        query.interrupted_at = now
         QueryWatchdog._interrupt(query)
 
     @staticmethod
@@ -210,7 +214,7 @@ class WorkerFlightServer(flight.FlightServerBase):
             reader = self._run(cursor, request, running, limits, epoch)
             first = self._next(reader, request, running, limits, epoch)
         except BaseException:
-            self._finish(token, pins, cursor)
+            self._finish(token, running, pins, cursor)
             raise
         self.watchdog.detach_context(token)
         schema = answer_schema(reader.schema, epoch, tail, request.committed_only)
@@ -298,12 +302,18 @@ class WorkerFlightServer(flight.FlightServerBase):
                 except SpeedLayerError as exc:
                     raise to_flight(exc) from exc
         finally:
-            self._finish(token, pins, cursor)
+            self._finish(token, running, pins, cursor)
 
-    def _finish(self, token: int, pins: list[EpochPin], cursor) -> None:
+    def _finish(self, token: int, running: _Running, pins: list[EpochPin], cursor) -> None:
         self.watchdog.unwatch(token)
         try:
             cursor.close()
         finally:
             for pin in pins:
                 pin.release()
+        if running.reason:
+            # What an operator (and the cancellation tests) read: how long an interrupted query
+            # still held this worker, on the host's monotonic clock.
+            freed = time.monotonic()
+            logger.info("query %s %s: freed %.1f ms after its interrupt was asked (monotonic %.6f)",
+                        running.query_id or "(no id)", running.reason, (freed - running.interrupted_at) * 1000, freed)

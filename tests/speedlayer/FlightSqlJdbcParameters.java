@@ -2,7 +2,7 @@
 // tests/speedlayer/test_flight_sql_jdbc.py:
 // java -cp flight-sql-jdbc-driver.jar FlightSqlJdbcParameters.java <jdbc url> <user> <password>
 // Prints one tab-separated line per count: its label and the count the gateway answered, or
-// "refused: " and the first line of the driver's error.
+// "refused: " and the first line of the driver's error; then READ_* lines, values read back.
 import java.sql.Connection;
 import java.sql.Date;
 import java.sql.DriverManager;
@@ -38,6 +38,16 @@ public class FlightSqlJdbcParameters {
                 statement.setString(1, "2024-01-01' OR '1'='1");
                 statement.setString(2, "2024-01-02");
                 print("QUOTED", statement);
+            }
+            // Read back: the instant getTimestamp makes of a zoned TIMESTAMP (2024-01-01T07:00Z), and
+            // the wall-clock text of a TIMESTAMP_NTZ (2024-01-01 07:00) and of a DATE, in this JVM's zone.
+            try (PreparedStatement statement = connection.prepareStatement(
+                     "SELECT ts, ts_ntz, d FROM events WHERE id = 7");
+                 ResultSet rows = statement.executeQuery()) {
+                rows.next();
+                System.out.println("READ_TS\t" + rows.getTimestamp(1).toInstant());
+                System.out.println("READ_TS_NTZ\t" + rows.getTimestamp(2));
+                System.out.println("READ_DATE\t" + rows.getDate(3));
             }
         }
     }

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.speedlayer.test_flight_sql import events_since, gateways  # noqa: F401 - the module's cluster fixture
+from tests.speedlayer.test_flight_sql import (  # noqa: F401 - gateways: the module's cluster fixture
+    HEAVY, assert_freed_in_time, events_since, freed_at, gateways, worker_log_offset,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -33,6 +35,7 @@ JDBC_VERSION = "18.3.0"
 CENTRAL = "https://repo1.maven.org/maven2/org/apache/arrow/flight-sql-jdbc-driver"
 CHECK = Path(__file__).with_name("FlightSqlJdbcCheck.java")
 PARAMETERS = Path(__file__).with_name("FlightSqlJdbcParameters.java")
+CANCEL = Path(__file__).with_name("FlightSqlJdbcCancel.java")
 # Arrow's memory module needs this on Java 17 (the driver's documented JVM flag).
 JVM_FLAGS = ["--add-opens=java.base/java.nio=org.apache.arrow.memory.core,ALL-UNNAMED"]
 
@@ -69,14 +72,15 @@ def driver_jar(version: str) -> Path:
 
 
 def _run_check(jar: Path, gateway: str, user: str, password: str, program: Path = CHECK,
-               time_zone: str | None = None, url_time_zone: bool = False) -> subprocess.CompletedProcess:
+               time_zone: str | None = None, url_time_zone: bool = False,
+               extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`program` run with the driver `jar` against `gateway`, in a JVM in `time_zone` (given in
-    the URL as `timeZone` too with `url_time_zone`)."""
+    the URL as `timeZone` too with `url_time_zone`), `extra` after its usual arguments."""
     url = f"jdbc:arrow-flight-sql://{gateway}?useEncryption=false"
     if url_time_zone:
         url += f"&timeZone={time_zone}"
     zone = [f"-Duser.timezone={time_zone}"] if time_zone else []
-    return subprocess.run(["java", *JVM_FLAGS, *zone, "-cp", str(jar), str(program), url, user, password],
+    return subprocess.run(["java", *JVM_FLAGS, *zone, "-cp", str(jar), str(program), url, user, password, *extra],
                           capture_output=True, text=True, timeout=180)
 
 
@@ -111,7 +115,10 @@ def test_jdbc_timestamp_parameters_count_exactly_not_every_row(gateways, version
     and the gateway asked for its column's microseconds, so the value meant January 1970; and
     those milliseconds are wall-clock time in the JVM's zone, so in Kolkata the count was off by
     5.5 hours. With the zone in the URL every count is exact; without it, comparing with the zoned
-    column is refused, saying so, and the other comparisons (wall-clock, dates) stay exact."""
+    column is refused, saying so, and the other comparisons (wall-clock, dates) stay exact. Read
+    back, a zoned TIMESTAMP came back right only in a JVM in UTC (in Kolkata 07:00Z as 20:00Z the day
+    before); with the zone in the URL the gateway labels the answer's zoned columns with it and the
+    instant comes back in any JVM."""
     cut = datetime.datetime(2024, 1, 29, 6, 30, tzinfo=datetime.timezone.utc)
     exact = {"TS": str(events_since(cut)), "TS_NTZ": str(events_since(cut)),
              "DATE": str(events_since(cut.replace(hour=0, minute=0))), "QUOTED": "1000"}
@@ -120,6 +127,14 @@ def test_jdbc_timestamp_parameters_count_exactly_not_every_row(gateways, version
                             url_time_zone)
         assert result.returncode == 0, result.stderr[-3000:]
         counts = dict(line.split("\t") for line in result.stdout.splitlines())
+        read = {label: counts.pop(label) for label in list(counts) if label.startswith("READ_")}
+        if url_time_zone or time_zone == "UTC":  # the answer's zoned columns labelled in the URL's zone
+            assert read["READ_TS"] == "2024-01-01T07:00:00Z", read
+        else:  # the driver's wall-clock in UTC made a Timestamp in the JVM's zone: not the instant
+            assert read["READ_TS"] == "2023-12-31T20:00:00Z", read
+        # TIMESTAMP_NTZ: the driver shifts it by the JVM's offset (out of the gateway's reach); DATE exact.
+        assert read["READ_TS_NTZ"] == ("2024-01-01 07:00:00.0" if time_zone == "UTC" else "2024-01-01 01:30:00.0")
+        assert read["READ_DATE"] == "2024-01-01", read
         if url_time_zone:
             assert counts == exact, result.stdout
         else:
@@ -127,55 +142,71 @@ def test_jdbc_timestamp_parameters_count_exactly_not_every_row(gateways, version
             assert counts == {k: v for k, v in exact.items() if k != "TS"}
 
 
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+def test_jdbc_cancel_and_query_timeout_free_the_worker_within_a_second(jdbc_driver, gateways, how):  # noqa: F811
+    """Issue 41: the driver can only cancel an answer's stream (DoGet): `Statement.cancel()` and
+    `setQueryTimeout` do nothing while it waits for GetFlightInfo, and the gateway answered a
+    statement's GetFlightInfo only once the worker had its first batch, so a cancelled or timed-out
+    JDBC query held the worker until the gateway's own deadline (30 s). Now GetFlightInfo announces
+    the schema at once and the stream waits: `cancel()` (from another thread) and the timeout (the
+    statement closed when it fails) free the worker within 1 s."""
+    log = gateways["worker_log"]
+    seen = worker_log_offset(log)
+    result = _run_check(jdbc_driver, gateways["plain"], "acme", "s3cret", CANCEL, extra=(how, HEAVY))
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split("\t", 1) for line in result.stdout.splitlines() if "\t" in line)
+    assert "FAILED" in lines, result.stdout
+    assert_freed_in_time(freed_at(log, seen), int(lines["GAVE_UP"]) / 1e9, f"JDBC {how}")
+
+
 SPARK_READS = Path(__file__).with_name("spark_jdbc_reads.py")
-# Every column of `events` Spark's reader can take through the driver: a zoned TIMESTAMP as its
-# UTC wall-clock time, nested columns as text. The driver reports every column unsigned, so
-# Spark would read a BIGINT as decimal(20,0): customSchema names it.
-SPARK_READABLE = ("SELECT id, ts_ntz, d, b8, i16, i32, f32, dec, flag, bin, ts AT TIME ZONE 'UTC' AS ts_utc, "
-                  "CAST(tags AS VARCHAR) AS tags, CAST(point AS VARCHAR) AS point, CAST(attrs AS VARCHAR) AS attrs "
-                  "FROM events")
+# `events` whole, partitioned: the driver reports every column unsigned (Spark reads a BIGINT as
+# decimal(20,0), exact for any 64-bit value) and a list without its element type (array<string>).
+EVENTS_SCHEMA = ("struct<id:decimal(20,0),ts:timestamp,ts_ntz:timestamp,d:date,b8:int,i16:int,i32:bigint,f32:float,"
+                 "dec:decimal(10,2),flag:boolean,bin:binary,tags:array<string>,point:string,attrs:string>")
 
 
 @pytest.mark.parametrize("version", ["17.0.0", JDBC_VERSION])
-def test_spark_jdbc_reader_loads_every_delta_type_partitioned_or_refuses_it_by_name(gateways, version):  # noqa: F811
-    """Issue 41: what Spark's JDBC reader (`format("jdbc")`, the driver jar on spark.jars, its JVMs
-    in UTC) does with a table of every Delta type: a partitioned read of every column it can take
-    is exact; a zoned TIMESTAMP (18.3.0 only: TIMESTAMP_WITH_TIMEZONE), a list (ARRAY) or a
-    struct or map (JAVA_OBJECT) is refused by Spark naming the type."""
+def test_spark_jdbc_reader_with_the_dialect_loads_every_delta_type_exactly(gateways, version):  # noqa: F811
+    """Issue 41: Spark's JDBC reader refused a zoned TIMESTAMP (18.3.0 reports it as
+    TIMESTAMP_WITH_TIMEZONE), lists (ARRAY) and structs or maps (JAVA_OBJECT), naming the type.
+    With the project's dialect jar on spark.jars beside the driver's (`speedlayer.clients.spark_jdbc`,
+    found by Spark's ServiceLoader: no registration call) the whole table of every Delta type loads,
+    partitioned, with no type unrecognized: instants exact (JVMs in UTC), lists as text elements
+    (or typed through customSchema), structs and maps as the driver's JSON text. Without the
+    dialect the same read is still refused, naming the type."""
+    from speedlayer.clients.spark_jdbc import DIALECT_CLASS, dialect_jar
     from tests.speedlayer.test_flight_sql import EVENTS_START, _connect
 
+    if shutil.which("javac") is None:
+        pytest.skip("building the dialect's jar needs javac (a JDK)")
     url = f"jdbc:arrow-flight-sql://{gateways['plain']}?useEncryption=false"
+    whole = {"dbtable": "events", "partitionColumn": "id", "lowerBound": "0", "upperBound": "720",
+             "numPartitions": "3"}
     reads = {
-        "table": {"dbtable": "events"},
-        "readable": {"dbtable": f"({SPARK_READABLE}) AS e", "partitionColumn": "id", "lowerBound": "0",
-                     "upperBound": "720", "numPartitions": "3", "customSchema": "id BIGINT"},
-        "zoned": {"query": "SELECT id, ts FROM events", "customSchema": "id BIGINT"},
-        "list": {"query": "SELECT id, tags FROM events"},
-        "struct": {"query": "SELECT id, point FROM events"},
+        "table": whole,
+        "typed": {"query": "SELECT id, tags FROM events", "customSchema": "id BIGINT, tags ARRAY<BIGINT>"},
+        "without": {**whole, "without_dialect": "true"},
     }
-    result = subprocess.run([sys.executable, str(SPARK_READS), str(driver_jar(version)), url, "acme", "s3cret",
-                             json.dumps(reads), "UTC"], capture_output=True, text=True, timeout=240)
+    jars = f"{driver_jar(version)},{dialect_jar()}"
+    result = subprocess.run([sys.executable, str(SPARK_READS), jars, url, "acme", "s3cret", json.dumps(reads), "UTC"],
+                            capture_output=True, text=True, timeout=240)
     answers = {line["read"]: line for line in map(json.loads, result.stdout.splitlines()) if line}
     assert set(answers) == set(reads), result.stderr[-3000:]
-
-    def refused(name: str, sql_type: str) -> bool:
-        return f"[UNRECOGNIZED_SQL_TYPE] Unrecognized SQL type - name: {sql_type}" in answers[name].get("error", "")
-
-    assert refused("table", "TIMESTAMP_WITH_TIMEZONE" if version == JDBC_VERSION else "ARRAY"), answers["table"]
-    assert refused("list", "ARRAY") and refused("struct", "JAVA_OBJECT"), (answers["list"], answers["struct"])
-    instants = [(EVENTS_START + datetime.timedelta(hours=i)).replace(tzinfo=None).isoformat() for i in range(720)]
-    if version == JDBC_VERSION:
-        assert refused("zoned", "TIMESTAMP_WITH_TIMEZONE"), answers["zoned"]
-    else:  # 17.0.0 reported a zoned TIMESTAMP as TIMESTAMP
-        assert answers["zoned"]["rows"] == [[i, instants[i]] for i in range(720)], answers["zoned"]
-    readable = answers["readable"]
-    assert readable["schema"] == ("struct<id:bigint,ts_ntz:timestamp,d:date,b8:int,i16:int,i32:bigint,f32:float,"
-                                  "dec:decimal(10,2),flag:boolean,bin:binary,ts_utc:timestamp,tags:string,"
-                                  "point:string,attrs:string>"), readable
-    assert readable["partitions"] == 3
+    table = answers["table"]
+    assert "error" not in table, table
+    assert table["dialect"] == DIALECT_CLASS and table["schema"] == EVENTS_SCHEMA and table["partitions"] == 3, table
     with _connect(gateways["plain"]) as conn, conn.cursor() as cursor:
-        cursor.execute(f"SELECT tags, point, attrs FROM ({SPARK_READABLE}) ORDER BY id")
+        cursor.execute("SELECT tags, point, attrs FROM events ORDER BY id")
         nested = cursor.fetchall()
-    assert readable["rows"] == [
-        [i, instants[i], instants[i][:10], i % 100, i, i, i / 4, f"{decimal.Decimal(i) / 100:.2f}", i % 2 == 0,
-         bytes([i % 256]).hex(), instants[i], *nested[i]] for i in range(720)]
+    instants = [(EVENTS_START + datetime.timedelta(hours=i)).replace(tzinfo=None).isoformat() for i in range(720)]
+    expected = [[f"{i}", instants[i], instants[i], instants[i][:10], i % 100, i, i, i / 4,
+                 f"{decimal.Decimal(i) / 100:.2f}", i % 2 == 0, bytes([i % 256]).hex(), [str(v) for v in nested[i][0]],
+                 json.dumps(nested[i][1], separators=(",", ":")), json.dumps(dict(nested[i][2]), separators=(",", ":"))]
+                for i in range(720)]
+    assert table["rows"] == expected
+    assert answers["typed"]["schema"] == "struct<id:bigint,tags:array<bigint>>"
+    assert answers["typed"]["rows"] == [[i, list(nested[i][0])] for i in range(720)]
+    refused = "TIMESTAMP_WITH_TIMEZONE" if version == JDBC_VERSION else "ARRAY"
+    assert answers["without"]["error"].startswith(
+        f"org.apache.spark.SparkSQLException: [UNRECOGNIZED_SQL_TYPE] Unrecognized SQL type - name: {refused}"), answers

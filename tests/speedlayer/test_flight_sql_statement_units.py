@@ -16,7 +16,7 @@ import pytest
 from google.protobuf import any_pb2
 
 from speedlayer.api import flight_sql_pb2 as sql_pb2
-from speedlayer.errors import InvalidQueryError, InvalidRequestError
+from speedlayer.errors import InvalidQueryError, InvalidRequestError, ReplicaUnavailableError
 from speedlayer.gateway.flight_sql.messages import ReadOnlyError, UnsupportedCommandError, pack, unpack
 from speedlayer.gateway.flight_sql.parameters import in_zone, parameter_schema, parameter_values
 from speedlayer.gateway.flight_sql.parameters import same_kind as _same_kind
@@ -201,6 +201,44 @@ def test_a_wall_clock_timestamp_against_a_zoned_column_becomes_an_instant_in_the
         in_zone(bound, statement, columns, "Mars/Base")
     aware = bound.set_column(0, "a", pa.array([wall], pa.timestamp("ms", "UTC")))
     assert in_zone(aware, statement, columns, None) == aware  # an instant already
+
+
+def test_zoned_timestamps_are_labelled_with_the_callers_zone_and_keep_their_instants():
+    """Issue 41: the JDBC driver read a UTC column back as the wall-clock time of a JVM outside UTC
+    (`result_zone`); labelled in the caller's zone, the same instants reach every client."""
+    from speedlayer.gateway.flight_sql.result_zone import checked_zone, conformed, conformed_table, in_caller_zone
+
+    instants = pa.array([0, 1_700_000_000_000_000], pa.timestamp("us", "UTC"))
+    batch = pa.record_batch([instants, pa.array([0, 1], pa.timestamp("us")), pa.array([1, 2])], ["ts", "ntz", "n"])
+    schema = in_caller_zone(batch.schema, "Asia/Kolkata")
+    assert schema.types == [pa.timestamp("us", "Asia/Kolkata"), pa.timestamp("us"), pa.int64()]
+    assert in_caller_zone(batch.schema, None) is batch.schema
+    (relabelled,) = conformed([batch], schema)
+    assert relabelled.schema == schema and relabelled.column(0).cast(pa.int64()) == instants.cast(pa.int64())
+    assert conformed_table([batch], schema).column(0).to_pylist() == instants.to_pylist()  # equal aware datetimes
+    assert checked_zone("Europe/Vienna") == "Europe/Vienna" and checked_zone("") is None
+    with pytest.raises(InvalidRequestError, match="time zone 'Mars/Olympus' .*: not a time zone name"):
+        checked_zone("Mars/Olympus")
+
+
+def test_an_answer_announced_ahead_goes_out_under_the_announced_names_when_only_names_differ():
+    """`SELECT ts, ts` is probed as a subquery, where DuckDB renames the second column ts_1 (the
+    name a client is told at prepare and GetFlightInfo): its answer, which came back as ts, ts, was
+    refused as UNAVAILABLE "differ from those announced" (every JDBC statement now waits at DoGet)."""
+    from concurrent.futures import Future
+
+    from speedlayer.gateway.flight_sql.held import Later
+
+    answer = pa.record_batch([pa.array([1]), pa.array([1])], names=["ts", "ts"])
+    announced = pa.schema([("ts", pa.int64()), ("ts_1", pa.int64())])
+    for batches in ([answer], iter([answer])):
+        future: Future = Future()
+        future.set_result((answer.schema, batches))
+        assert [b.schema for b in Later(future, announced, lambda: None).wait()] == [announced]
+    future = Future()
+    future.set_result((pa.schema([("ts", pa.string())]), [pa.record_batch([pa.array(["x"])], names=["ts"])]))
+    with pytest.raises(ReplicaUnavailableError, match="differ from those announced"):
+        Later(future, pa.schema([("ts", pa.int64())]), lambda: None).wait()
 
 
 def test_a_statements_schema_is_known_ahead_only_when_its_parameters_filter():

@@ -137,6 +137,43 @@ def test_a_table_bigger_than_any_worker_is_sharded_and_answered_exactly(shards):
     assert {e["epoch"] for e in cluster.audit_events("admission.ASSIGNED")} >= {reply.epoch_id, *shard_ids}
 
 
+# Heavy on every shard (a million products per row, in bounded memory) and merged as a plain sum.
+SHARD_HEAVY = ("SELECT sum(list_sum(list_transform(range(1000), lambda x: list_sum(list_transform(range(1000), "
+               "lambda y: (x * y + id) % 7))))) AS s FROM orders")
+
+
+def test_a_sharded_query_whose_caller_gives_up_frees_every_shards_worker_within_a_second(shards):
+    """Issue 41: a caller that gives up on a query of a sharded epoch (here its 2 s deadline passes,
+    the query's own deadline being 60 s) has the query stopped on the worker of every shard asked:
+    one query id for all, each worker told, each freed within 1 s of the caller's deadline, as
+    each worker reports it (CLOCK_MONOTONIC, the clock the test takes the deadline on)."""
+    import time
+
+    import pyarrow.flight as flight
+
+    from speedlayer.protocol.query import QueryRequest, call_options, location
+    from tests.speedlayer.test_flight_sql import assert_freed_in_time
+
+    cluster, gateway, _, _, reply = shards
+    eventually(lambda: _served(cluster, reply.epoch_id), 60)
+    logs = sorted(cluster.root.glob(f"worker-{TENANT}-w*.log"))
+    seen = {log: len(log.read_text(errors="replace")) for log in logs}
+    ticket = flight.Ticket(QueryRequest(dataset="orders", sql=SHARD_HEAVY, timeout_ms=60_000).to_ticket())
+    with flight.connect(location(gateway)) as client:
+        started = time.monotonic()
+        with pytest.raises(flight.FlightTimedOutError):
+            client.do_get(ticket, options=call_options(TENANT, timeout_s=2.0)).read_all()
+
+    def freed() -> list[float]:
+        found = [float(at) for log in logs for at in _FREED.findall(log.read_text(errors="replace")[seen[log]:])]
+        return found if len(found) >= 4 else []
+
+    assert_freed_in_time(eventually(freed, 30), started + 2.0, "a sharded query's caller gone (4 shards)")
+
+
+_FREED = re.compile(r"query \w+ cancelled: freed [\d.]+ ms after its interrupt was asked \(monotonic ([\d.]+)\)")
+
+
 def _shard_calls(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     found = {"asked": 0.0, "pruned": 0.0}

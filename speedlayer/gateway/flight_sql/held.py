@@ -189,13 +189,18 @@ class AnswersAhead:
         self.per_tenant = per_tenant
         self.ttl_s = ttl_s
         self._started: dict[bytes, StartedAnswer] = {}
-        self._lock = threading.Lock()
+        # Reentrant: a future already done when its callback is added calls `_finished` at once,
+        # in `start`, which holds the lock.
+        self._lock = threading.RLock()
+        self._threads = threads
+        self._unfinished = 0  # submitted to the pool and not done (held or taken)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flight-sql-ahead")
 
     def start(self, handle: bytes, tenant: str, values: str, epochs: tuple[str, ...], query_id: str,
-              run: Callable[[], tuple[pa.Schema, Iterable[pa.RecordBatch]]]) -> bool:
+              run: Callable[[], tuple[pa.Schema, Iterable[pa.RecordBatch]]], only_if_idle: bool = False) -> bool:
         """Start `run` (the statement with `values`, on `epochs`) for `handle`, replacing an answer
-        started for it before; False (nothing started) while `capacity` are held."""
+        started for it before; False (nothing started) while `capacity` are held, or with
+        `only_if_idle` while every thread of the pool has work."""
         now = time.monotonic()
         with self._lock:
             dropped = self._expire(now)
@@ -203,13 +208,20 @@ class AnswersAhead:
             if previous is not None:
                 dropped.append(previous)
             own = sum(1 for answer in self._started.values() if answer.tenant == tenant)
-            started = len(self._started) < self.capacity and own < self.per_tenant
+            started = (len(self._started) < self.capacity and own < self.per_tenant
+                       and not (only_if_idle and self._unfinished >= self._threads))
             if started:
-                self._started[handle] = StartedAnswer(tenant, values, epochs, query_id, self._pool.submit(run),
-                                                      now + self.ttl_s)
+                future = self._pool.submit(run)
+                self._unfinished += 1
+                future.add_done_callback(self._finished)
+                self._started[handle] = StartedAnswer(tenant, values, epochs, query_id, future, now + self.ttl_s)
         for answer in dropped:
             drop(answer.future)
         return started
+
+    def _finished(self, _: Future) -> None:
+        with self._lock:
+            self._unfinished -= 1
 
     def take(self, handle: bytes, tenant: str, values: str) -> StartedAnswer | None:
         """The answer started for `handle` with these `values` by `tenant`, no longer held here;
@@ -305,6 +317,11 @@ class Later:
         schema, batches = self.future.result()
         if schema.equals(self.schema):
             return Streamed(batches)
+        if schema.types == self.schema.types:
+            # Only names differ: the probe ran the statement as a subquery, where DuckDB tells
+            # repeated names apart (`SELECT ts, ts` announced as ts, ts_1, which the client was
+            # also told at prepare): the answer goes out under the announced names.
+            return Streamed(_renamed(batches, self.schema))
         self._forget_schema()  # not expected (same shape, same epoch); the next execution re-probes
         if isinstance(batches, list):
             try:
@@ -314,3 +331,9 @@ class Later:
         release(batches)
         raise ReplicaUnavailableError(f"the answer's columns ({schema}) differ from those announced for the "
                                       f"statement ({self.schema}): execute it again")
+
+
+def _renamed(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> Iterable[pa.RecordBatch]:
+    """`batches` under `schema`'s names (same types); a list stays a list (a complete answer)."""
+    renamed = (pa.RecordBatch.from_arrays(batch.columns, schema=schema) for batch in batches)
+    return list(renamed) if isinstance(batches, list) else renamed

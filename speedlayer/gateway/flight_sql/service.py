@@ -52,6 +52,7 @@ from speedlayer.gateway.flight_sql.held import (
 from speedlayer.gateway.flight_sql.parameters import (
     TIME_ZONE_HEADER, in_zone, merged, parameter_schema, parameter_values, values_fit_columns,
 )
+from speedlayer.gateway.flight_sql.result_zone import checked_zone, conformed, conformed_table, in_caller_zone
 from speedlayer.gateway.flight_sql.statements import Statement, analyse
 from speedlayer.gateway.flight_sql.status import flight_sql_error
 from speedlayer.gateway.routing import RoutingTable
@@ -118,7 +119,7 @@ class FlightSqlService:
         command = unpack(descriptor.command or b"", "GetFlightInfo")
         schema, batches, is_statement = self._answer(context, tenant, client_id, command)
         if is_statement:
-            schema = described(schema)
+            schema = in_caller_zone(described(schema), _zone(context))
             if not isinstance(batches, Later):
                 batches = Streamed(batches)
         handle = self.pending.put(tenant, schema, batches)  # refused: released there
@@ -130,11 +131,13 @@ class FlightSqlService:
         tenant, client_id = self._caller(context)
         command = unpack(descriptor.command or b"", "GetSchema")
         if isinstance(command, sql_pb2.CommandStatementQuery):
-            return flight.SchemaResult(described(self._probe_schema(tenant, client_id, analyse(command.query, tenant))))
-        if isinstance(command, sql_pb2.CommandPreparedStatementQuery):
-            prepared = self.prepared.get(tenant, command.prepared_statement_handle)
-            return flight.SchemaResult(described(self._probe_schema(tenant, client_id, prepared.statement)))
-        return flight.SchemaResult(self._metadata(tenant, client_id, command).schema)
+            statement = analyse(command.query, tenant)
+        elif isinstance(command, sql_pb2.CommandPreparedStatementQuery):
+            statement = self.prepared.get(tenant, command.prepared_statement_handle).statement
+        else:
+            return flight.SchemaResult(self._metadata(tenant, client_id, command).schema)
+        return flight.SchemaResult(in_caller_zone(described(self._probe_schema(tenant, client_id, statement)),
+                                                  _zone(context)))
 
     @_translated
     def do_get(self, context: flight.ServerCallContext, ticket: bytes) -> flight.FlightDataStream:
@@ -149,9 +152,9 @@ class FlightSqlService:
             if isinstance(batches.batches, list):  # the whole answer is here: streamed without Python
                 GATEWAY_QUERIES.labels(tenant=tenant, outcome="OK").inc()
                 GATEWAY_QUERY_SECONDS.observe(time.perf_counter() - started)
-                return flight.RecordBatchStream(pa.Table.from_batches(batches.batches, schema))
-            return flight.GeneratorStream(schema, self.gateway.relay(batches.batches, tenant, started, context,
-                                                                     flight_sql_error))
+                return flight.RecordBatchStream(conformed_table(batches.batches, schema))
+            return flight.GeneratorStream(schema, self.gateway.relay(conformed(batches.batches, schema), tenant,
+                                                                     started, context, flight_sql_error))
         return flight.GeneratorStream(schema, batches)
 
     @_translated
@@ -183,7 +186,7 @@ class FlightSqlService:
         body = action.body.to_pybytes() if action.body is not None else b""
         if action.type == ACTION_CREATE_PREPARED:
             request = unpack_as(body, sql_pb2.ActionCreatePreparedStatementRequest, action.type)
-            return [flight.Result(pack(self._prepare(tenant, client_id, request)))]
+            return [flight.Result(pack(self._prepare(tenant, client_id, request, _zone(context))))]
         if action.type == ACTION_CLOSE_PREPARED:
             request = unpack_as(body, sql_pb2.ActionClosePreparedStatementRequest, action.type)
             self.prepared.close(tenant, request.prepared_statement_handle)
@@ -227,11 +230,17 @@ class FlightSqlService:
             if statement.parameter_count and bound.values is None:
                 raise InvalidRequestError(f"the prepared statement takes {statement.parameter_count} parameter(s) "
                                           f"and none were bound (DoPut)")
-            values = bound.values or ""
-            answer = self.ahead.take(command.prepared_statement_handle, tenant, values)
+            values, handle = bound.values or "", command.prepared_statement_handle
+            answer = self.ahead.take(handle, tenant, values)
+            at_doget = waits_at_doget(context)
+            if answer is None and at_doget and self._run_ahead(tenant, client_id, handle, prepared, only_if_idle=True):
+                answer = self.ahead.take(handle, tenant, values)  # started now, so that DoGet waits, not this call
             if answer is not None:
-                held = self._started_answer(context, tenant, client_id, statement, answer,
-                                            bool(statement.parameter_count) and bound.values_fit_columns)
+                # Values of the columns' kinds: nothing the worker could refuse that it would not
+                # refuse with other values, so the error may come from DoGet. A JDBC caller sees
+                # DoGet's errors from executeQuery as it would GetFlightInfo's.
+                fits = at_doget or (bool(statement.parameter_count) and bound.values_fit_columns)
+                held = self._started_answer(context, tenant, client_id, statement, answer, fits, fresh=at_doget)
                 if held is not None:
                     return (*held, True)
             dataset, joined = statement.targets()
@@ -267,8 +276,8 @@ class FlightSqlService:
                                   table_types=list(command.table_types), include_schema=command.include_schema)
         raise InvalidRequestError(f"{command.DESCRIPTOR.name} is not a command for GetFlightInfo")
 
-    def _prepare(self, tenant: str, client_id: str,
-                 request: sql_pb2.ActionCreatePreparedStatementRequest) -> sql_pb2.ActionCreatePreparedStatementResult:
+    def _prepare(self, tenant: str, client_id: str, request: sql_pb2.ActionCreatePreparedStatementRequest,
+                 zone: str | None) -> sql_pb2.ActionCreatePreparedStatementResult:
         if request.HasField("transaction_id"):
             raise ReadOnlyError("transactions are not supported: the speed layer is read-only")
         statement = analyse(request.query, tenant)
@@ -279,15 +288,18 @@ class FlightSqlService:
         if not statement.parameter_count:  # nothing to bind: it can start now
             self._run_ahead(tenant, client_id, handle, self.prepared.get(tenant, handle))
         return sql_pb2.ActionCreatePreparedStatementResult(
-            prepared_statement_handle=handle, dataset_schema=described(result_schema).serialize().to_pybytes(),
+            prepared_statement_handle=handle,
+            dataset_schema=in_caller_zone(described(result_schema), zone).serialize().to_pybytes(),
             parameter_schema=parameter_schema(statement, columns).serialize().to_pybytes())
 
     # ---- statements started ahead -----------------------------------------------------------
 
-    def _run_ahead(self, tenant: str, client_id: str, handle: bytes, prepared: PreparedStatement) -> None:
+    def _run_ahead(self, tenant: str, client_id: str, handle: bytes, prepared: PreparedStatement,
+                   only_if_idle: bool = False) -> bool:
         """Start `prepared` with its bound values for the GetFlightInfo that usually follows, pinned
-        to the newest READY epoch of each dataset it reads (a join: every one's). Nothing is
-        started if it cannot be routed now: GetFlightInfo runs it and reports why."""
+        to the newest READY epoch of each dataset it reads (a join: every one's); whether it was.
+        Nothing is started if it cannot be routed now (GetFlightInfo runs it and reports why), nor
+        with `only_if_idle` unless a thread of the pool is free to begin it at once."""
         bound = prepared.bound
         values = bound.values or ""
         try:
@@ -295,24 +307,26 @@ class FlightSqlService:
             sql = prepared.statement.bound_sql
             epochs = self._newest_epochs(tenant, client_id, (dataset, *joined))
         except SpeedLayerError:
-            return
+            return False
         query_id = new_query_id()
-        self.ahead.start(handle, tenant, values, epochs, query_id,
-                         lambda: self.gateway.run_sql(tenant, dataset, sql, client_id, epochs[0], joined=joined,
-                                                      joined_epochs=epochs[1:], parameters=values, query_id=query_id))
+        return self.ahead.start(handle, tenant, values, epochs, query_id,
+                                lambda: self.gateway.run_sql(tenant, dataset, sql, client_id, epochs[0], joined=joined,
+                                                             joined_epochs=epochs[1:], parameters=values,
+                                                             query_id=query_id), only_if_idle=only_if_idle)
 
     def _newest_epochs(self, tenant: str, client_id: str, datasets: tuple[str, ...]) -> tuple[str, ...]:
         """The newest READY epoch of each of `datasets` (SpeedLayerError if one has none)."""
         return tuple(self.gateway.routing.route(tenant, name, client_id).epoch for name in datasets)
 
     def _started_answer(self, context: flight.ServerCallContext, tenant: str, client_id: str, statement: Statement,
-                        answer: StartedAnswer, fits: bool) -> tuple[pa.Schema, Any] | None:
+                        answer: StartedAnswer, fits: bool, fresh: bool = False) -> tuple[pa.Schema, Any] | None:
         """The schema and batches of an answer started ahead, or None (dropped: run the statement
         now) if it has not begun or its epoch is no longer the dataset's newest READY one. While it
         is being computed, it is a `Later` (DoGet waits for it) if its schema is known before it
         (the statement's shape was probed on that epoch) and the values bound `fits` the columns
         (so the worker can refuse nothing the statement would not refuse with other values: such
-        errors still come from GetFlightInfo, as for a statement run then)."""
+        errors still come from GetFlightInfo, as for a statement run then). A `fresh` answer, started
+        by this call on a free thread, counts as being computed even before that thread begins it."""
         dataset, joined = statement.targets()
         try:
             newest: tuple[str, ...] | None = self._newest_epochs(tenant, client_id, (dataset, *joined))
@@ -321,7 +335,8 @@ class FlightSqlService:
         if newest != answer.epochs:
             drop(answer.future)
             return None
-        if answer.future.running() and statement.fixed_schema and fits:
+        computing = answer.future.running() or (fresh and not answer.future.done())
+        if computing and statement.fixed_schema and fits:
             key = (tenant, statement.shape, answer.epochs)
             schema = self._probed.get(key)
             if schema is not None:
@@ -394,6 +409,21 @@ def probe_sql(statement: Statement) -> str:
     closes as a subquery; the closing parenthesis still goes on a line of its own."""
     probe = statement.render(("NULL",) * statement.parameter_count)
     return f"SELECT * FROM ({probe}\n) AS speedlayer_probe LIMIT 0"
+
+
+def waits_at_doget(context: flight.ServerCallContext) -> bool:
+    """Whether the caller is on grpc-java: the Arrow Flight SQL JDBC driver (DBeaver, Spark's
+    JDBC reader) can neither cancel nor time out a GetFlightInfo (`Statement.cancel()` waits for
+    it, Avatica holding the statement's lock through it, and `setQueryTimeout` bounds only the
+    wait for the answer's stream), so its statements' GetFlightInfo announces the answer and DoGet
+    waits for it, where both act. ADBC and other callers cancel or time out the GetFlightInfo
+    itself, so theirs still waits for the answer there (their query timeout bounds it)."""
+    return call_headers(context).get("user-agent", "").startswith("grpc-java")
+
+
+def _zone(context: flight.ServerCallContext) -> str | None:
+    """The caller's time zone (`result_zone`), checked."""
+    return checked_zone(call_headers(context).get(TIME_ZONE_HEADER))
 
 
 def _optional(message: Any, name: str) -> str | None:
