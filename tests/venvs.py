@@ -143,11 +143,16 @@ def pip_into(python: Path) -> list[str]:
     return [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check", "--no-input"]
 
 
-def cached_venv(name: str, requirements: list[str], constraints: list[str], keyed_by: str) -> Path:
-    """A venv (this interpreter's Python) holding `requirements` installed under `constraints`,
-    made once and kept under `name` plus a hash of `keyed_by` (what decides its contents:
-    pins, the project's declared dependencies) and `constraints`; other venvs of `name` go."""
-    key = hashlib.sha256("\n".join([sys.version, keyed_by, "--", *constraints]).encode()).hexdigest()[:12]
+def cached_venv(name: str, requirements: list[str], constraints: list[str], keyed_by: str,
+                interpreter: Path | None = None) -> Path:
+    """A venv (of `interpreter`, by default this one) holding `requirements` installed under
+    `constraints`, made once and kept under `name` plus a hash of `keyed_by` (what decides its
+    contents: pins, the project's declared dependencies), `constraints` and the interpreter's
+    version; other venvs of `name` go."""
+    python = interpreter or Path(sys.executable)
+    version = sys.version if interpreter is None else run(str(interpreter), "-c", "import sys; print(sys.version)",
+                                                          cwd=REPO_ROOT).strip()
+    key = hashlib.sha256("\n".join([version, keyed_by, "--", *constraints]).encode()).hexdigest()[:12]
     venvs = CACHE / "spark-venvs"
     venv = venvs / f"{name}-{key}"
     with locked(venvs / f".{name}.lock"):
@@ -156,10 +161,25 @@ def cached_venv(name: str, requirements: list[str], constraints: list[str], keye
         for old in venvs.glob(f"{name}-*"):
             if re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{12}}", old.name):
                 shutil.rmtree(old, ignore_errors=True)
-        run(sys.executable, "-m", "venv", "--without-pip", str(venv), cwd=venvs)
+        run(str(python), "-m", "venv", "--without-pip", str(venv), cwd=venvs)
         pins = venv / "constraints.txt"
         pins.write_text("\n".join(constraints) + "\n")
         run(*pip_into(venv / "bin" / "python"), "install", "--quiet", "--no-compile", "-c", str(pins),
             *requirements, cwd=venvs, env=clean_env(), timeout=1200)
         (venv / ".ready").write_text("\n".join(requirements) + "\n")
         return venv
+
+
+def venv_copy(venv: Path, target: Path) -> Path:
+    """A venv of its own at `target` holding what the cached `venv` holds, its files hard-linked
+    (copied where `target` is on another filesystem): a test installs into it without paying
+    for pyspark's install (some 430 MB unpacked) each run, and without changing the cache, since
+    pip and Python replace files (write anew, rename) and never write into an installed one."""
+    def link(source: str, destination: str) -> None:
+        try:
+            os.link(source, destination)
+        except OSError:
+            shutil.copy2(source, destination)
+
+    shutil.copytree(venv, target, symlinks=True, copy_function=link)
+    return target

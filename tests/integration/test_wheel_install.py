@@ -13,10 +13,9 @@ goes on without either extension and says so once each; `pip install <source>[co
 works in fresh venvs of Python 3.10 and 3.12 (pyenv's, skipped where missing), whose Spark reads
 the same kind of topic with the pure decoder.
 
-Cost: pip's cache holds pyspark's wheel after the first run; the rest are small downloads.
-The two source installs without a toolchain (venv, pyspark, the build, Spark's read) took 74 s
-(3.10) and 108 s (3.12) of wall time, about 95 CPU seconds together, on 2 cores at load 2.5
-with a warm pip cache; 174 s and 112 s with a cold one.
+Cost: each venv starts as a hard-linked copy of one holding just the pinned pyspark, made once
+per interpreter (`tests.venvs.cached_venv`), so a run installs only the project and what it
+needs; pip's cache holds the rest after the first run.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from devstack import REPO_ROOT
 from tests.topic_builder import TopicBuilder
-from tests.venvs import built_wheel, clean_env, pip_into, run, source_copy
+from tests.venvs import built_wheel, cached_venv, clean_env, pip_into, run, source_copy, venv_copy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -101,16 +100,14 @@ def test_wheel_holds_the_data_source_decoder_configs_and_scripts(wheel):
 
 
 def test_connector_extra_keeps_the_installed_pyspark_and_reads_a_topic(wheel, etcd_endpoint, tmp_path, unique_name):
-    venv = tmp_path / "venv"
     # The venv gets no pip of its own: this pip installs into it (`--python`), which spares a
     # copy of pip; `--no-compile` spares byte-compiling some 30 packages (botocore, pandas,
     # pyarrow...) ahead of use. Together about half of this test's CPU time; what is installed,
     # and how pip resolves it, is the same.
-    run(sys.executable, "-m", "venv", "--without-pip", str(venv), cwd=tmp_path)
+    venv = _venv_with_pyspark(sys.executable, tmp_path)
     python = venv / "bin" / "python"
     pip = pip_into(python)
     constraints = str(REPO_ROOT / "constraints.txt")
-    run(*pip, "install", "--quiet", "--no-compile", "-c", constraints, _constraint("pyspark"), cwd=tmp_path, env=clean_env())
     before = _pyspark_state(python, tmp_path)
 
     run(*pip, "install", "--quiet", "--no-compile", "-c", constraints, f"{wheel}[connector]", cwd=tmp_path, env=clean_env())
@@ -119,6 +116,19 @@ def test_connector_extra_keeps_the_installed_pyspark_and_reads_a_topic(wheel, et
     assert (venv / "share" / "danube-spark" / "conf" / "pipelines" / "orders.yaml").exists()
 
     _read_topic_in(venv, etcd_endpoint, tmp_path, f"/default/{unique_name('wheel')}")
+
+
+def _venv_with_pyspark(interpreter: str, tmp_path: Path) -> Path:
+    """A fresh venv of `interpreter` holding the pinned pyspark and nothing else, as a user's
+    Spark environment has it: a copy of one made once per interpreter and pin (`cached_venv`),
+    so each run spares pyspark's install. Python 3.10 takes what setup.cfg's ranges allow, as
+    constraints.txt pins numpy 2.4, which needs Python >= 3.11."""
+    minor = run(interpreter, "-c", "import sys; print('%d.%d' % sys.version_info[:2])", cwd=tmp_path).strip()
+    pins = [] if minor == "3.10" else [line for line in (REPO_ROOT / "constraints.txt").read_text().splitlines()
+                                       if line and not line.startswith("#")]
+    base = cached_venv(f"pyspark-only-py{minor}", [_constraint("pyspark")], pins, keyed_by=_constraint("pyspark"),
+                       interpreter=Path(interpreter))
+    return venv_copy(base, tmp_path / "venv")
 
 
 def _read_topic_in(venv: Path, etcd_endpoint: str, tmp_path: Path, name: str) -> None:
@@ -181,13 +191,11 @@ def test_source_install_without_toolchain_reads_a_topic_with_the_pure_decoder(
     interpreter = _pyenv_python(minor)
     if interpreter is None:
         pytest.skip(f"no Python {minor} under pyenv")
-    venv = tmp_path / "venv"
-    run(str(interpreter), "-m", "venv", "--without-pip", str(venv), cwd=tmp_path)
+    venv = _venv_with_pyspark(str(interpreter), tmp_path)
     python = venv / "bin" / "python"
     pip = pip_into(python)
     # constraints.txt pins numpy 2.4, which needs Python >= 3.11: 3.10 takes what setup.cfg's ranges allow
     pins = ["-c", str(REPO_ROOT / "constraints.txt")] if minor != "3.10" else []
-    run(*pip, "install", "--quiet", "--no-compile", *pins, _constraint("pyspark"), cwd=tmp_path, env=clean_env())
     run(*pip, "install", "--quiet", "--no-compile", *pins, f"{source_tree}[connector]", cwd=tmp_path,
          env=_without_toolchain(tmp_path))
     probe = ("import importlib.util as u; from danube_core import arrow_decode; "
