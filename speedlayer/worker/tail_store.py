@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 TOPIC, OFFSET = "_topic", "_offset"
+COMPACT_ROWS = 64 * 1024  # appends are merged into the last chunk up to this many rows
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,18 @@ class TailStore:
                 ends = {t: max(e, skip.get(t, e)) for t, e in ends.items()}
             chunk = _Chunk(rows, dict(first), dict(ends))
             if rows.num_rows:
-                self._chunks = [*self._chunks, chunk]
+                last = self._chunks[-1] if self._chunks else None
+                if last is not None and last.rows.num_rows + rows.num_rows <= COMPACT_ROWS:
+                    # A read every few milliseconds adds a few rows: merged into the last chunk
+                    # (a new one: snapshots keep the old), answers scan a few chunks, not thousands.
+                    self._bytes -= last.rows.nbytes
+                    chunk = _Chunk(pa.concat_tables([last.rows, rows], promote_options="default").combine_chunks(),
+                                   {**dict(first), **dict(last.first)}, {**dict(last.ends), **dict(ends)})
+                    self._chunks = [*self._chunks[:-1], chunk]
+                else:
+                    self._chunks = [*self._chunks, chunk]
                 self._rows += rows.num_rows
-                self._bytes += rows.nbytes
+                self._bytes += chunk.rows.nbytes
             for topic, begin in first.items():
                 self.start.setdefault(topic, begin)
             self._ends.update(ends)

@@ -148,6 +148,19 @@ def test_a_trim_past_what_the_tail_read_skips_what_every_epoch_holds():
         store.append(rows(P0, range(13, 14)), {P0: 13}, {P0: 14})
 
 
+def test_small_reads_are_merged_into_few_chunks_and_snapshots_keep_what_they_pinned():
+    store = TailStore({P0: 0}, limit_rows=10_000)
+    pinned = None
+    for i in range(100):
+        store.append(rows(P0, range(i * 3, i * 3 + 3)), {P0: i * 3}, {P0: i * 3 + 3})
+        if i == 10:
+            pinned = store.snapshot({P0: 0})
+    snap = store.snapshot({P0: 5})
+    assert len(store._chunks) == 1 and store.held[0] == 300
+    assert snap.rows["_offset"].to_pylist() == list(range(5, 300))
+    assert pinned.rows["_offset"].to_pylist() == list(range(0, 33))
+
+
 def test_a_byte_limit_stops_the_store_too():
     store = TailStore({P0: 0}, limit_rows=1000, limit_bytes=1)
     store.append(rows(P0, range(0, 2)), {P0: 0}, {P0: 2})
