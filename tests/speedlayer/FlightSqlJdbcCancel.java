@@ -35,6 +35,11 @@ public class FlightSqlJdbcCancel {
             while (!streamQueued(statement) && runner.isAlive() && System.nanoTime() < deadline) {
                 Thread.sleep(10);
             }
+            if (!streamQueued(statement)) {  // the statement ended (or never reached its stream) unasked
+                System.out.println("NOT_QUEUED");
+                runner.join(60_000);
+                return;
+            }
             System.out.println("GAVE_UP\t" + System.nanoTime());
             statement.cancel();
             runner.join(60_000);

@@ -164,14 +164,15 @@ def test_a_sharded_query_whose_caller_gives_up_frees_every_shards_worker_within_
         with pytest.raises(flight.FlightTimedOutError):
             client.do_get(ticket, options=call_options(TENANT, timeout_s=2.0)).read_all()
 
-    def freed() -> list[float]:
-        found = [float(at) for log in logs for at in _FREED.findall(log.read_text(errors="replace")[seen[log]:])]
+    def freed() -> list[tuple[str, float]]:
+        found = [(reason, float(at)) for log in logs
+                 for reason, at in _FREED.findall(log.read_text(errors="replace")[seen[log]:])]
         return found if len(found) >= 4 else []
 
     assert_freed_in_time(eventually(freed, 30), started + 2.0, "a sharded query's caller gone (4 shards)")
 
 
-_FREED = re.compile(r"query \w+ cancelled: freed [\d.]+ ms after its interrupt was asked \(monotonic ([\d.]+)\)")
+_FREED = re.compile(r"query \w+ (cancelled|timeout): freed [\d.]+ ms after its interrupt was asked \(monotonic ([\d.]+)\)")
 
 
 def _shard_calls(port: int) -> dict[str, float]:
