@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 import logging
 import threading
@@ -53,6 +54,8 @@ from speedlayer.protocol.query import (
 
 logger = logging.getLogger(__name__)
 
+MAX_CANCELS_IN_FLIGHT = 8  # CANCEL_ACTIONs sent at once (a query's shards' workers)
+
 
 class GatewayFlightServer(flight.FlightServerBase):
     """Serves queries on `config.address` (port 0: any free port, see `.port`)."""
@@ -71,11 +74,15 @@ class GatewayFlightServer(flight.FlightServerBase):
         # query id -> (worker address, tenant) of each call to a worker it has open (`_ask`)
         self._in_flight: dict[str, list[tuple[str, str]]] = {}
         self.caller_watch = CallerWatch(self._cancel_query)
+        # Every worker of a query told at once (a sharded query runs on several): one after
+        # another, each round trip waited for the last on a busy host.
+        self._cancels = ThreadPoolExecutor(MAX_CANCELS_IN_FLIGHT, thread_name_prefix="cancel-query")
         self.scatter = ShardScatter(self._forward, lambda tenant: routing.tenant_config(tenant).gather_max_bytes)
 
     def shutdown(self) -> None:
         super().shutdown()
         self.caller_watch.stop()
+        self._cancels.shutdown(wait=False, cancel_futures=True)
         self.flight_sql.close()
         self.scatter.close()
         with self._lock:
@@ -255,15 +262,19 @@ class GatewayFlightServer(flight.FlightServerBase):
                     del self._in_flight[query_id]
 
     def _cancel_query(self, query_id: str) -> None:
-        """Ask each worker running `query_id` (a call to it open) to stop it (`CANCEL_ACTION`)."""
+        """Ask each worker running `query_id` (a call to it open) to stop it (`CANCEL_ACTION`), all
+        at once; returns when each has answered."""
         with self._lock:
-            calls = list(self._in_flight.get(query_id, ()))
-        for address, tenant in calls:
-            action = flight.Action(CANCEL_ACTION, query_id.encode())
-            try:
-                list(self._client(address).do_action(action, options=call_options(tenant, timeout_s=5)))
-            except (flight.FlightError, pa.ArrowException, OSError) as exc:
-                logger.info("could not ask %s to stop query %s (it stops at its deadline): %s", address, query_id, exc)
+            calls = sorted(set(self._in_flight.get(query_id, ())))
+        for done in [self._cancels.submit(self._cancel_on, address, tenant, query_id) for address, tenant in calls]:
+            done.result()
+
+    def _cancel_on(self, address: str, tenant: str, query_id: str) -> None:
+        action = flight.Action(CANCEL_ACTION, query_id.encode())
+        try:
+            list(self._client(address).do_action(action, options=call_options(tenant, timeout_s=5)))
+        except (flight.FlightError, pa.ArrowException, OSError) as exc:
+            logger.info("could not ask %s to stop query %s (it stops at its deadline): %s", address, query_id, exc)
 
     def _relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
                context: flight.ServerCallContext,
