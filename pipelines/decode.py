@@ -136,6 +136,19 @@ class Decoder:
             schema_id, default = self._subject_versions()
         return self._decode_versions(prepared, schema_id, default)
 
+    def inline_schema(self) -> PayloadSchema:
+        """The schema `decode.inline_schema` names (a decoder without a registry subject)."""
+        return self._inline()
+
+    def version_schema(self, version: int) -> PayloadSchema | str:
+        """The registry version's schema, or why rows naming it cannot be decoded."""
+        return self._version_schema(version)
+
+    def json_schema(self, schema: PayloadSchema) -> JsonPayloadSchema:
+        """`schema` parsed (once per text) and checked against the pipeline's own columns."""
+        self._check(schema)
+        return self._json(schema)
+
     def _inline(self) -> PayloadSchema:
         kind = "JsonSchema" if self.config.format == "json" else "Avro"
         return PayloadSchema(kind, self.config.inline_schema or "", "decode.inline_schema")

@@ -46,6 +46,10 @@ class SubjectSchemas:
         """The subject's registered version numbers, read now, and any loaded earlier."""
         return {v.version for v in self.subject_metadata().versions} | set(self._versions)
 
+    def loaded_versions(self) -> set[int]:
+        """The version numbers loaded so far (no etcd read)."""
+        return set(self._versions)
+
     def version(self, number: int) -> SchemaVersion:
         """Version `number` of the subject; SchemaNotFoundError naming the key if it is missing."""
         if number not in self._versions:

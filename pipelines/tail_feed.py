@@ -13,10 +13,14 @@ they are made here, by the pipeline's own code, from the pipeline's own file:
   engine where the pipeline would use it too), marked with `mark_failures` and cut with
   `target_rows`: a row the pipeline would quarantine is never in what this returns.
 
-The decode runs on a small local Spark session of this process (one core, no UI), because the
-pipeline's decode is Spark's `from_json`/`from_avro`: re-implementing it elsewhere would answer
-rows that Delta later holds differently. Rows of a message naming no schema version are decoded
-with the subject's latest version at the time, as a new batch of the pipeline would.
+Most messages are split without Spark (`pipelines.tail_split`: plain JSON objects of the
+declared scalar types, under a suite great-expectations' pandas engine runs for the pipeline
+too), because a Spark split costs each read 0.7-1.9 s whatever its size. The rest is decoded on
+a small local Spark session of this process (one core, no UI), started the first time a read
+needs it, because the pipeline's decode is Spark's `from_json`/`from_avro`: re-implementing it
+beyond what is plain would answer rows that Delta later holds differently. Rows of a message
+naming no schema version are decoded with the subject's latest version at the time, as a new
+batch of the pipeline would.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 
@@ -35,6 +39,8 @@ from pipelines.config import PipelineConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from pipelines.expectations import QualityGate
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +90,9 @@ class TailFeed:
         from connectors import options as opt
         from connectors.batch import open_catalog, topics_of
         from pipelines.decode import Decoder
-        from pipelines.expectations import QualityGate
         from pipelines.runner import reader_options
         from pipelines.subject_schemas import SubjectSchemas
+        from pipelines.tail_split import ArrowSplit
 
         self.config = config
         # failOnDataLoss on whatever the pipeline says: the tail reports a loss, it never skips one
@@ -95,8 +101,25 @@ class TailFeed:
         self._topics_of = topics_of
         subject = config.decode.subject
         self.decoder = Decoder(config.decode, SubjectSchemas(self._metadata, subject) if subject else None)
-        self.gate = QualityGate(config.expectations) if config.expectations is not None else None
-        self.spark = spark if spark is not None else tail_session(config.decode.format == "avro")
+        self._gate: QualityGate | None = None
+        self._spark = spark
+        self._arrow = ArrowSplit(self.decoder, config.expectations.rules if config.expectations is not None else None)
+
+    @property
+    def gate(self) -> "QualityGate | None":
+        """The pipeline's suite (its great-expectations context is built by the first Spark split)."""
+        from pipelines.expectations import QualityGate
+
+        if self._gate is None and self.config.expectations is not None:
+            self._gate = QualityGate(self.config.expectations)
+        return self._gate
+
+    @property
+    def spark(self) -> "SparkSession":
+        """The local session, started by the first read that has messages only Spark decodes."""
+        if self._spark is None:
+            self._spark = tail_session(self.config.decode.format == "avro")
+        return self._spark
 
     def close(self) -> None:
         self._metadata.close()
@@ -125,32 +148,46 @@ class TailFeed:
         batches = [b for p in plan_partitions(self._catalog, self.options, first, wanted)
                    for b in read_partition(p, include_source=True)]
         read = sum(b.num_rows for b in batches)
-        rows = self._split(batches) if read else pa.table({})
+        rows = self.split(batches) if read else pa.table({})
         return TailBatch(rows, first, wanted, read, read - rows.num_rows)
 
+    def split(self, batches: list[pa.RecordBatch]) -> pa.Table:
+        """The target rows of `batches`: the plain messages split in Arrow, the rest by Spark."""
+        plain, rest = self._arrow.split(batches)
+        if not rest:
+            return plain if plain is not None else pa.table({})
+        rows = self._split(rest)
+        if plain is None or not plain.num_rows:
+            return rows
+        # one schema whichever way a row was split (tests/spark/test_tail_split.py holds them equal)
+        return pa.concat_tables([plain, rows.select(plain.column_names).cast(plain.schema)])
+
     def _split(self, batches: list[pa.RecordBatch]) -> pa.Table:
-        """The target rows of `batches`, exactly as `DeltaBatchWriter` splits a micro-batch."""
-        from connectors.schema import spark_schema
-        from pipelines.decode import PAYLOAD
-        from pipelines.delta_sink import target_rows
-        from pipelines.expectations import FAILED, mark_failures, no_failures
-        from pipelines.batch_summary import decodable_rows
+        return spark_split(self.spark, self.decoder, self.gate, batches)
 
-        from pyspark.sql import functions as F
 
-        frame = self.spark.createDataFrame(pa.Table.from_batches(batches), schema=spark_schema(True))
-        decoded = self.decoder.decode(self.decoder.prepare(frame)).persist()
-        try:
-            if self.gate is None:
-                marked = decoded.withColumn(FAILED, no_failures())
-            else:
-                decodable = decoded.filter(decodable_rows()).drop(PAYLOAD)
-                columns = self.gate.pandas_columns(decoded)
-                collected = decodable.select(*[F.col(c) for c in columns]).toArrow() if columns else None
-                count = collected.num_rows if collected is not None else decodable.count()
-                quality = self.gate.validate(decodable, count, collected)
-                marked = mark_failures(self.spark, decoded, quality)
-            return target_rows(marked).toArrow()
-        finally:
-            decoded.unpersist()
+def spark_split(spark: "SparkSession", decoder: Any, gate: "QualityGate | None", batches: list[pa.RecordBatch]) -> pa.Table:
+    """The target rows of `batches`, exactly as `DeltaBatchWriter` splits a micro-batch."""
+    from connectors.schema import spark_schema
+    from pipelines.batch_summary import decodable_rows
+    from pipelines.decode import PAYLOAD
+    from pipelines.delta_sink import target_rows
+    from pipelines.expectations import FAILED, mark_failures, no_failures
 
+    from pyspark.sql import functions as F
+
+    frame = spark.createDataFrame(pa.Table.from_batches(batches), schema=spark_schema(True))
+    decoded = decoder.decode(decoder.prepare(frame)).persist()
+    try:
+        if gate is None:
+            marked = decoded.withColumn(FAILED, no_failures())
+        else:
+            decodable = decoded.filter(decodable_rows()).drop(PAYLOAD)
+            columns = gate.pandas_columns(decoded)
+            collected = decodable.select(*[F.col(c) for c in columns]).toArrow() if columns else None
+            count = collected.num_rows if collected is not None else decodable.count()
+            quality = gate.validate(decodable, count, collected)
+            marked = mark_failures(spark, decoded, quality)
+        return target_rows(marked).toArrow()
+    finally:
+        decoded.unpersist()
