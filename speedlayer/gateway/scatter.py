@@ -18,6 +18,11 @@ the limit in bytes from each, and from all), and the query runs in a second Duck
 the gateway, opened without file access, interrupted at the deadline. The answer says so: its
 schema's metadata `speedlayer.note` ("gathered 2 of 4 shards ..."), the gateway's log, and
 `gateway_shard_gathers_total{tenant,outcome="gathered"|"refused"}`.
+
+A statement's result schema (what Flight SQL clients ask for before running it) is learned the
+same way without rows (`schema`): the plan `run` would follow, one shard's part of it with
+`LIMIT 0`, and the merge or the gathered query run at the gateway over that empty part. A
+subquery around the statement, as on an unsharded epoch, would be a shape `plan_query` refuses.
 """
 
 from __future__ import annotations
@@ -67,15 +72,13 @@ class ShardScatter:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def run(self, route: Route, request: QueryRequest, limits: QueryLimits, deadline: float) -> pa.Table:
-        columns = sorted({c for shard in route.shards for c in shard.values})
-        pruning = partition_pruning(request.sql, columns, _pruning_texts(request.parameters))
-        asked = [route.shards[i] for i in shards_to_ask([s.values for s in route.shards], pruning)]
+        asked = self._asked(route, request)
         GATEWAY_SHARDS.labels(tenant=route.tenant, outcome="asked").inc(len(asked))
         GATEWAY_SHARDS.labels(tenant=route.tenant, outcome="pruned").inc(len(route.shards) - len(asked))
         if len(asked) == 1:
             return self._answer(route.one_shard(asked[0]), request, limits, deadline)
         try:
-            query = plan_query(request.sql, route.dataset, columns)
+            query = plan_query(request.sql, route.dataset, _partition_columns(route))
         except Unshardable as exc:
             return self._gather(route, asked, request, limits, deadline, exc.construct)
         shard_request = dataclasses.replace(request, sql=query.shard_sql)
@@ -83,6 +86,32 @@ class ShardScatter:
         merged = self._merge(query.merge_sql, pa.concat_tables(partials, promote_options="default"),
                              request.parameters)
         return _within(merged, route, limits)
+
+    def schema(self, route: Route, request: QueryRequest, limits: QueryLimits, deadline: float) -> pa.Schema:
+        """The schema of `request`'s answer on `route`'s shards, learned from no rows: the step
+        `run` would take (one shard's answer as is, the merge of partial answers, or the query
+        run on gathered rows), fed one shard's part of it with `LIMIT 0`. Nothing is gathered and
+        nothing refused for its size: a statement too big to gather still has a schema (Flight
+        SQL clients ask for it when they prepare a statement), and running it is refused as
+        `run` refuses it. Shards are pruned as `run` prunes them, by the same SQL and values."""
+        asked = self._asked(route, request)
+        first = route.one_shard(asked[0])
+        if len(asked) == 1:
+            return self._answer(first, _no_rows(request, request.sql), limits, deadline).schema
+        try:
+            query = plan_query(request.sql, route.dataset, _partition_columns(route))
+        except Unshardable:
+            plan = plan_gather(request.sql, route.dataset, self._columns(route, asked[0], limits, deadline))
+            rows = self._answer(first, _no_rows(request, plan.fetch_sql), limits, deadline)
+            return self._run_gathered(plan, route, rows, limits, deadline, request.parameters).schema
+        partials = self._answer(first, _no_rows(request, query.shard_sql), limits, deadline)
+        return self._merge(query.merge_sql, partials, request.parameters).schema
+
+    @staticmethod
+    def _asked(route: Route, request: QueryRequest) -> list[ShardRoute]:
+        """The shards that may hold rows `request`'s WHERE clause admits (`shards_to_ask`)."""
+        pruning = partition_pruning(request.sql, _partition_columns(route), _pruning_texts(request.parameters))
+        return [route.shards[i] for i in shards_to_ask([s.values for s in route.shards], pruning)]
 
     def _ask_all(self, route: Route, asked: list[ShardRoute], request: QueryRequest, limits: QueryLimits,
                  deadline: float) -> list[pa.Table]:
@@ -179,6 +208,16 @@ class ShardScatter:
             raise InvalidQueryError(f"the shards' answers could not be combined: {exc}") from exc
         finally:
             connection.close()
+
+
+def _partition_columns(route: Route) -> list[str]:
+    return sorted({c for shard in route.shards for c in shard.values})
+
+
+def _no_rows(request: QueryRequest, sql: str) -> QueryRequest:
+    """`request` asking for `sql`'s columns and none of its rows (the closing parenthesis on a
+    line of its own: a comment ending `sql` cannot swallow it)."""
+    return dataclasses.replace(request, sql=f"SELECT * FROM ({sql}\n) AS speedlayer_probe LIMIT 0")
 
 
 def _pruning_texts(parameters: str) -> dict[str, str]:

@@ -163,6 +163,20 @@ class GatewayFlightServer(flight.FlightServerBase):
         request = dataclasses.replace(request, joined=tuple((r.dataset, r.epoch) for r in routes[1:]))
         return self._forward(route, request, limits, deadline)
 
+    def sharded_schema(self, tenant: str, dataset: str, sql: str, client_id: str, epoch: str | None = None) -> pa.Schema:
+        """The schema of `sql`'s answer on `dataset`'s sharded epoch (`epoch`, else its newest READY
+        one), learned from the shard plan without rows (`ShardScatter.schema`), with the gateway's
+        limits and deadline; InvalidRequestError if that epoch is not sharded."""
+        if not valid_id(dataset):
+            raise InvalidRequestError(f"dataset {dataset!r}: not a dataset id")
+        request = QueryRequest(dataset=dataset, sql=sql, epoch=epoch or "")
+        limits = self.limits.effective(request)
+        deadline = time.monotonic() + limits.timeout_ms / 1000
+        route = self.routing.route(tenant, dataset, client_id, epoch)
+        if not route.shards:
+            raise InvalidRequestError(f"dataset {dataset!r}: epoch {route.epoch} is not split into shards")
+        return self.scatter.schema(route, request, limits, deadline)
+
     def watching_caller(self, context: flight.ServerCallContext, query_id: str) -> ContextManager[None]:
         """While the block runs, the query `query_id` is stopped on its workers if the call of
         `context` is cancelled or passes its deadline (`caller_watch`)."""

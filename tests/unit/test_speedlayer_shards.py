@@ -347,3 +347,44 @@ def test_the_gateway_gathers_the_shards_a_query_needs_and_notes_it_in_the_answer
                 "orders", "SELECT median(id), string_agg(day, ','), max(amount) FROM orders"), limits, deadline)
     finally:
         scatter.close()
+
+
+@pytest.mark.parametrize("sql, refused", [
+    ("SELECT day, count(*) AS n, sum(amount) AS s, avg(k) AS mean FROM orders GROUP BY day ORDER BY day", False),
+    ("SELECT id, amount FROM orders ORDER BY amount DESC, id LIMIT 6 OFFSET 2", False),  # top-N, a hidden key
+    ("SELECT id, k FROM orders WHERE day = 'd4' ORDER BY id", False),  # one shard, as it is
+    ("SELECT count(DISTINCT k) AS ks, median(amount) AS m FROM orders WHERE day IN ('d1', 'd2', 'd3')", False),
+    ("SELECT median(id) AS m, string_agg(day, ',') AS days FROM orders", True),  # too big to gather
+])
+def test_a_sharded_statements_schema_is_learned_from_its_plan_without_rows_and_never_refused(table, sql, refused):
+    """Issue 41: Flight SQL clients prepare a statement before running it; its schema comes from
+    the plan `run` follows, each shard asked for no rows, and nothing is gathered or refused for
+    its size (the schema probe used to wrap the statement in a subquery, a shape the merge refuses)."""
+    days = {f"d{d}": 0 if d < 2 else 1 if d < 4 else 2 for d in range(5)}  # d0 d1 | d2 d3 | d4
+    whole = duckdb.connect()
+    whole.register("orders", table)
+    parts = [whole.sql(f"SELECT * FROM orders WHERE day IN ({', '.join(repr(d) for d, s in days.items() if s == i)})")
+             .to_arrow_table() for i in range(3)]
+    rows_sent: list[int] = []
+
+    def forward(route: Route, request: QueryRequest, limits: QueryLimits, deadline: float):
+        connection = duckdb.connect()
+        connection.register("orders", parts[int(route.epoch[-1])])
+        answer = connection.sql(request.sql).to_arrow_table()
+        rows_sent.append(answer.num_rows)
+        return answer.schema, answer.to_batches()
+
+    scatter = ShardScatter(forward, lambda tenant: 5000)
+    try:
+        limits, deadline = QueryLimits(), time.monotonic() + 30
+        schema = scatter.schema(_scatter_route(parts, 2500), QueryRequest("orders", sql), limits, deadline)
+        assert rows_sent and set(rows_sent) == {0}  # one shard's columns, never its rows
+        assert schema.names == whole.sql(sql).to_arrow_table().schema.names
+        if refused:  # running it is refused, as before
+            with pytest.raises(InvalidQueryError, match="cannot be answered .* the gather limit is 5000"):
+                scatter.run(_scatter_route(parts, 2500), QueryRequest("orders", sql), limits, deadline)
+        else:
+            answer = scatter.run(_scatter_route(parts, 2500), QueryRequest("orders", sql), limits, deadline)
+            assert schema.types == answer.schema.types
+    finally:
+        scatter.close()

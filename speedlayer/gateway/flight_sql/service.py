@@ -79,6 +79,9 @@ class StatementRunner(Protocol):
                 joined: tuple[str, ...] = (), joined_epochs: tuple[str | None, ...] = (), parameters: str = "",
                 query_id: str = "") -> tuple[pa.Schema, Iterable[pa.RecordBatch]]: ...
 
+    def sharded_schema(self, tenant: str, dataset: str, sql: str, client_id: str,
+                       epoch: str | None = None) -> pa.Schema: ...
+
     def watching_caller(self, context: flight.ServerCallContext, query_id: str) -> ContextManager[None]: ...
 
     def relay(self, batches: Iterable[pa.RecordBatch], tenant: str, started: float,
@@ -363,19 +366,26 @@ class FlightSqlService:
 
     def _probe_schema(self, tenant: str, client_id: str, statement: Statement) -> pa.Schema:
         """The schema of `statement`'s answer, from the statement run with no rows (`LIMIT 0`
-        around it, NULL for each parameter) on a worker holding its datasets. Remembered per
-        statement shape and epochs: drivers prepare every statement they run (ADBC, JDBC), and a
+        around it, NULL for each parameter) on a worker holding its datasets; on a sharded epoch,
+        from the shard plan the statement runs by, run with no rows (`sharded_schema`: a subquery
+        around the statement is a shape the shards' merge refuses). Remembered per statement
+        shape and epochs: drivers prepare every statement they run (ADBC, JDBC), and a
         dashboard's statements differ mostly in their filters' literals, which change no column."""
         dataset, joined = statement.targets()
-        epochs = self._newest_epochs(tenant, client_id, (dataset, *joined))
+        routes = [self.gateway.routing.route(tenant, name, client_id) for name in (dataset, *joined)]
+        epochs = tuple(route.epoch for route in routes)
         key = (tenant, statement.shape, epochs)
         schema = self._probed.get(key)
         if schema is not None:
             return schema
-        schema, batches = self.gateway.run_sql(tenant, dataset, probe_sql(statement), client_id, epochs[0],
-                                               joined=joined, joined_epochs=epochs[1:])
-        for _ in batches:
-            pass
+        if routes[0].shards and not joined:  # a join on a sharded epoch is refused by run_sql, naming it
+            sql = statement.render(("NULL",) * statement.parameter_count)
+            schema = self.gateway.sharded_schema(tenant, dataset, sql, client_id, epochs[0])
+        else:
+            schema, batches = self.gateway.run_sql(tenant, dataset, probe_sql(statement), client_id, epochs[0],
+                                                   joined=joined, joined_epochs=epochs[1:])
+            for _ in batches:
+                pass
         if len(self._probed) >= SCHEMA_CACHE_SIZE:
             self._probed.clear()
         self._probed[key] = schema
