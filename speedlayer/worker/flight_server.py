@@ -53,6 +53,30 @@ WATCHDOG_INTERVAL_S = 0.02
 CANCELLED_MEMORY_S = 60.0
 
 
+# DuckDB's error types (its messages begin "<type> Error: ") that are the query's own fault: its
+# SQL or its values, which every replica would refuse alike. The others (IO, Out of Memory,
+# INTERNAL, ...) may be this worker's, and the gateway tries another replica.
+QUERY_FAULTS = frozenset({"Parser", "Syntax", "Binder", "Catalog", "Conversion", "Out of Range", "Mismatch Type",
+                          "Divide by Zero", "Decimal", "Invalid type", "Invalid Input", "Not implemented",
+                          "Parameter Not Resolved", "Parameter Not Allowed"})
+
+
+def query_failure(exc: Exception, dataset: str, epoch: str) -> SpeedLayerError:
+    """The error a caller gets for DuckDB's failure `exc` of a query on `dataset`: InvalidQueryError
+    if it is the query's fault, else SpeedLayerError. DuckDB's own exceptions tell by their DB-API
+    class (ProgrammingError: binder, catalog, parser, invalid input; DataError: conversion, out of
+    range; NotSupportedError); a failure found while the batches after the first rows are read
+    (a late row's cast) crosses Arrow's C stream and arrives as a plain OSError carrying DuckDB's
+    text, so there its message's type tells."""
+    import duckdb
+
+    fault = (isinstance(exc, (duckdb.ProgrammingError, duckdb.DataError, duckdb.NotSupportedError))
+             or str(exc).split(" Error: ", 1)[0] in QUERY_FAULTS)
+    if fault:
+        return InvalidQueryError(f"query on dataset {dataset!r} (epoch {epoch}): {exc}")
+    return SpeedLayerError(f"query on dataset {dataset!r} (epoch {epoch}) failed: {exc}")
+
+
 @dataclass
 class _Running:
     cursor: duckdb.DuckDBPyConnection
@@ -197,6 +221,8 @@ class WorkerFlightServer(flight.FlightServerBase):
     def execute(self, request: QueryRequest, context: flight.ServerCallContext
                 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Bind, plan and compute the first batch; the rest streams from the returned iterator."""
+        import duckdb
+
         check_query(request.sql, request.dataset, tuple(dataset for dataset, _ in request.joined))
         limits = self.limits.effective(request)
         pins, tail = self._pin_all(request)
@@ -204,11 +230,14 @@ class WorkerFlightServer(flight.FlightServerBase):
         running = _Running(cursor, time.monotonic() + limits.timeout_ms / 1000, context, request.query_id)
         token = self.watchdog.watch(running)
         try:
-            for index, pin in enumerate(pins):
-                served = pin.served
-                cursor.execute(f"CREATE TEMP VIEW {quote(served.dataset)} AS "
-                               f"{bind_tail(cursor, served.table, tail if index == 0 else None)}")
             epoch = pins[0].served.epoch
+            try:
+                for index, pin in enumerate(pins):
+                    served = pin.served
+                    cursor.execute(f"CREATE TEMP VIEW {quote(served.dataset)} AS "
+                                   f"{bind_tail(cursor, served.table, tail if index == 0 else None)}")
+            except duckdb.InterruptException as exc:  # the watchdog's interrupt lands on whatever runs
+                raise self._interrupted(running, request, limits, epoch) from exc
             if running.reason:  # cancelled before it began (the gateway's CANCEL_ACTION came first)
                 raise self._interrupted(running, request, limits, epoch)
             reader = self._run(cursor, request, running, limits, epoch)
@@ -251,11 +280,8 @@ class WorkerFlightServer(flight.FlightServerBase):
             return to_reader(BATCH_ROWS)
         except duckdb.InterruptException as exc:
             raise self._interrupted(running, request, limits, epoch) from exc
-        except (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
-                duckdb.ConversionException, duckdb.InvalidInputException, duckdb.NotImplementedException) as exc:
-            raise InvalidQueryError(f"query on dataset {request.dataset!r} (epoch {epoch}): {exc}") from exc
         except duckdb.Error as exc:
-            raise SpeedLayerError(f"query on dataset {request.dataset!r} (epoch {epoch}) failed: {exc}") from exc
+            raise query_failure(exc, request.dataset, epoch) from exc
 
     def _next(self, reader, request: QueryRequest, running: _Running, limits: QueryLimits,
               epoch: str) -> pa.RecordBatch | None:
@@ -267,10 +293,10 @@ class WorkerFlightServer(flight.FlightServerBase):
             return None
         except (duckdb.InterruptException, pa.ArrowCancelled) as exc:
             raise self._interrupted(running, request, limits, epoch) from exc
-        except (duckdb.Error, pa.ArrowException) as exc:
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:  # DuckDB's errors past the first rows: OSError
             if running.reason:
                 raise self._interrupted(running, request, limits, epoch) from exc
-            raise SpeedLayerError(f"query on dataset {request.dataset!r} (epoch {epoch}) failed: {exc}") from exc
+            raise query_failure(exc, request.dataset, epoch) from exc
 
     @staticmethod
     def _interrupted(running: _Running, request: QueryRequest, limits: QueryLimits, epoch: str) -> SpeedLayerError:

@@ -117,6 +117,17 @@ def test_ctes_and_subqueries_over_the_dataset_are_allowed(worker):
     assert run(client, sql).to_pylist() == [{"n": 10}]
 
 
+@pytest.mark.parametrize("values", [3000, 100_000])  # failing in the first batch the worker reads, or a later one
+def test_a_duckdb_error_found_while_the_batches_are_read_is_the_querys_fault(worker, values):
+    """Issue 41: DuckDB's error for a row past its first chunk comes through Arrow's stream of
+    batches as a plain OSError, which left the worker unclassified (UNKNOWN): the gateway took it
+    for the replica's failure, marked the replica suspect and tried the next."""
+    _, _, client, _ = worker
+    sql = f"SELECT CAST(CASE WHEN unnest(range({values})) = {values - 1} THEN 'x' ELSE '1' END AS INTEGER) AS v FROM orders"
+    with pytest.raises(InvalidQueryError, match="dataset 'orders' .*Conversion Error: Could not convert string 'x'"):
+        run(client, sql)
+
+
 def test_result_limits_and_deadline(worker):
     _, served, client, _ = worker
     served.publish("orders", "v2-b", "orders__v2", version=2)
