@@ -7,7 +7,7 @@ one master, one worker and a Data Gateway (`devstack.EmbeddedSpeedLayer`); the o
 commit to the dataset) in this process's Spark. A publisher process sends valid orders at
 `--rate` msg/s to a one-partition topic (up to 64 sends in flight) and notes each ack's wall time;
 this process asks the gateway `SELECT count(*)` in a loop. Every answer is a prefix of the topic's
-offsets (the property tests/spark/test_tail_handover.py checks), so an answer of n rows counts
+offsets (the property tests/integration/test_tail_handover.py checks), so an answer of n rows counts
 offsets 0..n-1; the offsets are mapped to the messages from the Delta table at the end. A
 message's latency = the time of the first answer counting it - its ack time (negative when the
 tail read it from the WAL before the ack reached the producer).

@@ -4,7 +4,9 @@ The speed layer serves a dataset's tail (the messages its newest epoch does not 
 the epoch. Those rows must be exactly the rows the pipeline will append to its Delta table, so
 they are made here, by the pipeline's own code, from the pipeline's own file:
 
-* read through the connector's own driver and executor paths (`connectors.batch.open_catalog`,
+* read through the connector's own driver and executor paths (a stream driver's catalog over
+  its `connectors.query_scope.QueryScope`: the topics' etcd keys held by a watch, so the
+  follower's frequent look at the head reads memory, not etcd; `connectors.batch.topics_of`,
   `topics_of`, `connectors.partitions.plan_partitions` and `read_partition`): sealed objects
   first, then the owner's WAL through fsspec, CRC-checked and offset-continuous, with the
   pipeline's `failOnDataLoss` (offsets gone from the topic fail the read, never skipped);
@@ -30,6 +32,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _SESSION_LOCK = threading.Lock()
+HEAD_POLL_S = 0.01  # between looks at the head while a long poll waits (the broker flushes its WAL every 20 ms)
 TAIL_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -88,7 +92,9 @@ class TailFeed:
 
     def __init__(self, config: PipelineConfig, spark: "SparkSession | None" = None) -> None:
         from connectors import options as opt
-        from connectors.batch import open_catalog, topics_of
+        from connectors.batch import new_catalog, topics_of
+        from connectors.query_scope import QueryScope
+        from danube_core.cached_store import CachedMetadataStore
         from pipelines.decode import Decoder
         from pipelines.runner import reader_options
         from pipelines.subject_schemas import SubjectSchemas
@@ -97,7 +103,13 @@ class TailFeed:
         self.config = config
         # failOnDataLoss on whatever the pipeline says: the tail reports a loss, it never skips one
         self.options = dataclasses.replace(opt.parse_options(reader_options(config.source)), fail_on_data_loss=True)
-        self._catalog, self._metadata = open_catalog(self.options)
+        self._metadata = self.options.etcd.connect()
+        try:
+            self._scope = QueryScope(self._metadata, self.options, name=f"tail-{config.name}").start()
+        except BaseException:
+            self._metadata.close()
+            raise
+        self._catalog = new_catalog(self.options, CachedMetadataStore(self._metadata, self._scope.cache))
         self._topics_of = topics_of
         subject = config.decode.subject
         self.decoder = Decoder(config.decode, SubjectSchemas(self._metadata, subject) if subject else None)
@@ -122,18 +134,29 @@ class TailFeed:
         return self._spark
 
     def close(self) -> None:
+        self._scope.close()
         self._metadata.close()
 
     def topics(self) -> list[str]:
         """The topic partitions the pipeline reads (broker names), as the pipeline resolves them."""
-        return self._topics_of(self._catalog, self.options)
+        topics = self._topics_of(self._catalog, self.options)
+        self._scope.follow(topics)
+        return topics
 
     def earliest(self, topics: list[str]) -> dict[str, int]:
         return self._catalog.earliest_offsets(topics)
 
-    def latest(self, topics: list[str]) -> dict[str, int]:
-        """Per topic partition, the next offset not yet readable (end-exclusive)."""
-        return self._catalog.latest_offsets(topics)
+    def latest(self, topics: list[str], above: Mapping[str, int] | None = None, wait_s: float = 0.0) -> dict[str, int]:
+        """Per topic partition, the next offset not yet readable (end-exclusive); with `above`,
+        once one of them is beyond it or `wait_s` has passed (the follower's long poll: a look at
+        the head reads the scope's cache and the WAL bytes added since, well under a millisecond,
+        where a request from the worker every few milliseconds cost both processes a core's fifth)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            latest = self._catalog.latest_offsets(topics)
+            if above is None or any(n > above.get(t, n) for t, n in latest.items()) or time.monotonic() >= deadline:
+                return latest
+            time.sleep(HEAD_POLL_S)
 
     def read(self, start: Mapping[str, int], end: Mapping[str, int]) -> TailBatch:
         """`[start[t], end[t])` of each topic, read, decoded and split; raises `DataLossError`
@@ -145,6 +168,9 @@ class TailFeed:
         first = {t: start[t] for t in wanted}
         if not wanted:
             return TailBatch(pa.table({}), {}, {}, 0, 0)
+        for topic, offset in first.items():  # the cached window reaches down to the read, moves up behind it
+            self._scope.reach(topic, offset, self._catalog.covering_start)
+        self._scope.advance(first)
         batches = [b for p in plan_partitions(self._catalog, self.options, first, wanted)
                    for b in read_partition(p, include_source=True)]
         read = sum(b.num_rows for b in batches)

@@ -69,7 +69,8 @@ def _answer(request: dict, feed: Any, out: IO[bytes]) -> Any:
     elif op == "earliest":
         write_answer(out, feed.earliest(request["topics"]))
     elif op == "latest":
-        write_answer(out, feed.latest(request["topics"]))
+        above = request.get("above")
+        write_answer(out, feed.latest(request["topics"], above, float(request.get("wait_ms", 0)) / 1000))
     elif op == "read":
         batch = feed.read(request["start"], request["end"])
         write_answer(out, {"first": dict(batch.first), "ends": dict(batch.ends), "read": batch.read,

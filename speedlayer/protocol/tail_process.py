@@ -98,8 +98,11 @@ class TailProcessFeed:
     def earliest(self, topics: list[str]) -> dict[str, int]:
         return dict(self._process.ask("earliest", topics=topics)[0])
 
-    def latest(self, topics: list[str]) -> dict[str, int]:
-        return dict(self._process.ask("latest", topics=topics)[0])
+    def latest(self, topics: list[str], above: Mapping[str, int] | None = None, wait_s: float = 0.0) -> dict[str, int]:
+        """The topics' next offsets; with `above`, answered once one is beyond it or after `wait_s`."""
+        if above is None:
+            return dict(self._process.ask("latest", topics=topics)[0])
+        return dict(self._process.ask("latest", topics=topics, above=dict(above), wait_ms=int(wait_s * 1000))[0])
 
     def read(self, start: Mapping[str, int], end: Mapping[str, int]) -> TailRead:
         value, rows = self._process.ask("read", start=dict(start), end=dict(end))

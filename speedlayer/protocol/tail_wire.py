@@ -7,7 +7,9 @@ worker's own process (its memory and a crash stay the child's). The worker asks,
 answers, one request at a time:
 
 * a request is one JSON line on the child's stdin: `{"op": "open", "pipeline_config": ...,
-  "dataset": ...}` first, then `topics`, `earliest`/`latest` (`topics`), `read` (`start`, `end`);
+  "dataset": ...}` first, then `topics`, `earliest`/`latest` (`topics`; `latest` optionally with
+  `above` and `wait_ms`: answered once an offset is beyond `above`, or after `wait_ms`),
+  `read` (`start`, `end`);
   the child exits when its stdin closes (the worker stopped the tail, or died);
 * an answer is a frame on the child's stdout: 4 bytes (big-endian length) and a JSON header
   (`{"ok": true, "value": ...}` or `{"ok": false, "error": <class>, "message": ...}`), then, when

@@ -30,7 +30,10 @@ from speedlayer.worker.tail_store import TailStore
 
 logger = logging.getLogger(__name__)
 
-POLL_INTERVAL_S = 0.02  # between reads that found nothing new
+# How long one look at the topic's head may wait for a new message (the tail process waits, looking
+# every 10 ms at its cached head: `pipelines.tail_feed`). The worker once asked every 20 ms instead,
+# a request and an answer over the pipe each time; it also bounds how long `stop()` takes.
+POLL_INTERVAL_S = 0.25
 RETRY_MAX_S = 5.0
 
 
@@ -90,11 +93,10 @@ class TailFollower:
                         opened.close()
                         raise
                     feed = opened
-                if self._step(feed):
-                    backoff = 0.1
-                    continue
-                self._stop.wait(self._poll_interval_s)
+                full = not self._step(feed)
                 backoff = 0.1
+                if full:
+                    self._stop.wait(self._poll_interval_s)
             except Exception as exc:  # every failure is a state the answers show, then retried
                 state = self._failure(exc)
                 TAIL_ERRORS.labels(dataset=self.dataset, state=state.split(":", 1)[0]).inc()
@@ -124,16 +126,17 @@ class TailFollower:
         self._topics = topics
 
     def _step(self, feed: Any) -> bool:
-        """One read; True when it added something (read again at once)."""
+        """One look at the head (waiting up to the poll interval for a new message) and the read
+        it allows; False when the store is full (wait before looking again)."""
         ends = self.store.ends
-        latest = feed.latest(self._topics)
+        latest = feed.latest(self._topics, ends, self._poll_interval_s)
         lag = sum(max(latest[t] - ends.get(t, latest[t]), 0) for t in latest)
         rows, size = self.store.held
         TAIL_LAG.labels(dataset=self.dataset).set(lag)
         TAIL_ROWS.labels(dataset=self.dataset).set(rows)
         if lag == 0:
             self.store.mark("following", caught_up=True)
-            return False
+            return True
         room = self.store.room()
         if room == 0:
             self.store.mark(f"behind: the tail holds {rows} rows, {size} bytes (limit_rows {self.spec.limit_rows}, "

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -32,6 +33,17 @@ class _Chunk:
     rows: pa.Table
     first: Mapping[str, int]  # per partition, the first offset this chunk read (its rows may start later)
     ends: Mapping[str, int]   # per partition, the end-exclusive offset read up to with this chunk
+    ascending: bool = False   # one partition's rows in offset order: an answer slices, not filters
+
+
+def _chunk(rows: pa.Table, first: Mapping[str, int], ends: Mapping[str, int]) -> _Chunk:
+    """A chunk, noting whether it is one partition's rows in ascending offset order (a read of one
+    partition is; answers then cut it at their epoch's offset with a binary search)."""
+    ascending = False
+    if len(ends) == 1 and rows.num_rows:
+        offsets = rows[OFFSET]
+        ascending = rows.num_rows == 1 or bool(pc.all(pc.greater(offsets.slice(1), offsets.slice(0, rows.num_rows - 1))).as_py())
+    return _Chunk(rows, dict(first), dict(ends), ascending)
 
 
 @dataclass(frozen=True)
@@ -100,17 +112,17 @@ class TailStore:
                 if held is not None and begin < held:
                     skip[topic] = held
             if skip:
-                rows = _above(_Chunk(rows, dict(first), dict(ends)), skip) or rows.slice(0, 0)
+                rows = _above(_chunk(rows, first, ends), skip) or rows.slice(0, 0)
                 first = {t: max(b, skip.get(t, b)) for t, b in first.items()}
                 ends = {t: max(e, skip.get(t, e)) for t, e in ends.items()}
-            chunk = _Chunk(rows, dict(first), dict(ends))
+            chunk = _chunk(rows, first, ends)
             if rows.num_rows:
                 last = self._chunks[-1] if self._chunks else None
                 if last is not None and last.rows.num_rows + rows.num_rows <= COMPACT_ROWS:
                     # A read every few milliseconds adds a few rows: merged into the last chunk
                     # (a new one: snapshots keep the old), answers scan a few chunks, not thousands.
                     self._bytes -= last.rows.nbytes
-                    chunk = _Chunk(pa.concat_tables([last.rows, rows], promote_options="default").combine_chunks(),
+                    chunk = _chunk(pa.concat_tables([last.rows, rows], promote_options="default").combine_chunks(),
                                    {**dict(first), **dict(last.first)}, {**dict(last.ends), **dict(ends)})
                     self._chunks = [*self._chunks[:-1], chunk]
                 else:
@@ -164,7 +176,7 @@ class TailStore:
                 part = _above(chunk, offsets)
                 if part is None:
                     continue
-                kept.append(chunk if part is chunk.rows else _Chunk(part, chunk.first, chunk.ends))
+                kept.append(chunk if part is chunk.rows else _Chunk(part, chunk.first, chunk.ends, chunk.ascending))
             self._chunks = kept
             self._rows = sum(c.rows.num_rows for c in kept)
             self._bytes = sum(c.rows.nbytes for c in kept)
@@ -187,6 +199,11 @@ def _above(chunk: _Chunk, offsets: Mapping[str, int]) -> pa.Table | None:
         return chunk.rows
     if all(end <= offsets.get(t, 0) for t, end in chunk.ends.items()):
         return None
+    if chunk.ascending:
+        (topic,) = chunk.ends
+        held = chunk.rows[OFFSET].combine_chunks().to_numpy(zero_copy_only=False)
+        part = chunk.rows.slice(int(np.searchsorted(held, offsets.get(topic, 0), side="left")))
+        return part if part.num_rows else None
     keep = None
     for topic in chunk.ends:
         mine = pc.and_(pc.equal(chunk.rows[TOPIC], topic), pc.greater_equal(chunk.rows[OFFSET], offsets.get(topic, 0)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -208,11 +209,14 @@ class FakeFeed:
     def earliest(self, topics):
         return {t: self.first[t] for t in topics}
 
-    def latest(self, topics):
+    def latest(self, topics, above=None, wait_s=0.0):
         if self.fail is not None:
             raise self.fail
         with self.lock:
-            return {t: self.head[t] for t in topics}
+            head = {t: self.head[t] for t in topics}
+        if above is not None and all(n <= above.get(t, n) for t, n in head.items()):
+            time.sleep(wait_s)  # the long poll found nothing new
+        return head
 
     def read(self, start, end):
         parts = [rows(t, range(start[t], end[t])) for t in end if end[t] > start[t]]
