@@ -171,7 +171,7 @@ def test_answers_are_a_growing_gap_free_prefix_across_hand_overs(tmp_path, uniqu
                     if not killed and len(epochs) >= 2:
                         killed = tail_process(worker)
                         os.kill(killed, signal.SIGKILL)
-                    time.sleep(0.02)
+                    time.sleep(0.02)  # pacing, not waiting: asking back to back only costs CPU
                 eventually(lambda: tail_process(worker) != killed, deadline_s=60)  # started anew
                 answers.append(eventually(lambda: (a := ask())["state"] == "following" and a, deadline_s=60))
                 producer.stop()
