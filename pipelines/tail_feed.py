@@ -185,8 +185,9 @@ class TailFeed:
         rows = self._split(rest)
         if plain is None or not plain.num_rows:
             return rows
-        # one schema whichever way a row was split (tests/spark/test_tail_split.py holds them equal)
-        return pa.concat_tables([plain, rows.select(plain.column_names).cast(plain.schema)])
+        # one schema whichever way a row was split (tests/spark/test_tail_split.py holds them equal);
+        # promoted should a version registered between the two splits have added a column
+        return pa.concat_tables([plain, rows], promote_options="permissive")
 
     def _split(self, batches: list[pa.RecordBatch]) -> pa.Table:
         return spark_split(self.spark, self.decoder, self.gate, batches)

@@ -108,6 +108,17 @@ def test_snapshot_reads_exactly_the_rows_at_or_above_the_epochs_offsets():
     assert store.snapshot({P0: 15, P1: 4}).rows is None  # the epoch holds all of it
 
 
+def test_a_one_partition_chunk_is_cut_at_the_epochs_offset_as_a_filter_would_cut_it():
+    store = TailStore({P0: 0}, limit_rows=100)
+    kept = [o for o in range(0, 30) if o % 7]  # offsets the pipeline quarantines are absent
+    store.append(pa.concat_tables([rows(P0, range(o, o + 1)) for o in kept]), {P0: 0}, {P0: 30})
+    for epoch in (0, 1, 7, 8, 20, 29, 30):
+        snap = store.snapshot({P0: epoch})
+        assert snap is not None
+        got = [] if snap.rows is None else snap.rows["_offset"].to_pylist()
+        assert got == [o for o in kept if o >= epoch]
+
+
 def test_snapshot_refuses_an_epoch_older_than_the_store_rather_than_leave_a_gap():
     store = TailStore({P0: 10}, limit_rows=100)
     assert store.snapshot({P0: 9}) is None
@@ -317,6 +328,23 @@ def test_wire_carries_requests_answers_rows_and_named_failures():
         read_answer(pipe)
     with pytest.raises(TailWireError, match="closed its output"):
         read_answer(pipe)
+
+
+def test_a_latest_request_waits_for_a_message_beyond_what_the_worker_holds():
+    from pipelines.tail_server import _answer
+
+    class Feed:
+        def latest(self, topics, above=None, wait_s=0.0):
+            self.asked = (topics, above, wait_s)
+            return {P0: 5}
+
+    feed, out = Feed(), io.BytesIO()
+    _answer({"op": "latest", "topics": [P0], "above": {P0: 5}, "wait_ms": 250}, feed, out)
+    assert feed.asked == ([P0], {P0: 5}, 0.25)
+    _answer({"op": "latest", "topics": [P0]}, feed, out)
+    assert feed.asked == ([P0], None, 0.0)
+    out.seek(0)
+    assert read_answer(out)[0] == read_answer(out)[0] == {P0: 5}
 
 
 # ---- the admission's refusals ----------------------------------------------------------------
