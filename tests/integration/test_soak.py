@@ -43,4 +43,6 @@ def test_short_soak_with_every_fault_finds_only_the_planted_duplicate(tmp_path):
     assert result.kept, "a failing run keeps its logs"
     kinds = {o["event"]["kind"] for o in result.report["outcomes"]}
     assert len(kinds) >= len(KINDS) - 2, f"kinds met: {sorted(kinds)}"
+    # The suite's only test of a streaming (processingTime) pipeline's driver killed mid-stream.
+    assert "pipeline_kill" in kinds, f"kinds met: {sorted(kinds)}"
     assert result.report["heal"]["drained_s"] is not None, log

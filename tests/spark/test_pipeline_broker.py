@@ -2,8 +2,9 @@
 
 One embedded stack (its own etcd + a broker subprocess) serves the module. The pipeline file is
 the shipped `conf/pipelines/orders.yaml` with its topic, subscription and paths changed, so
-the demo's configuration is what gets tested. (A driver killed mid-stream:
-tests/integration/test_pipeline_driver_kill.py, outside the Spark session.)
+the demo's configuration is what gets tested. (A driver killed: at every step of a batch in the
+fault battery, tests/integration/test_fault_battery.py; mid-stream at a random moment in the
+short soak, tests/integration/test_soak.py.)
 """
 
 from __future__ import annotations
