@@ -21,7 +21,11 @@ A message is split here ("clean") only when all of these hold, else it goes to S
 * the row names no other schema version than the subject's one (rows naming another are
   quarantined by the pipeline and dropped here: exactly Spark's verdict).
 
-Such a row decodes to its fields, `_rescued_data` null and no decode error, as in Spark.
+Such a row decodes to its fields, `_rescued_data` null and no decode error, as in Spark. Under
+`on_error: quarantine` a few payloads are also decided here, as decode errors (not target rows):
+null or empty, text no JSON value can start with even under Spark's lenient options (a word that
+is no JSON keyword, as in `this is not json`), and an object that would be clean but lacks a
+required field; a topic with such messages (the demo publishes them) keeps its reads off Spark.
 Expectations are checked by `pipelines.tail_rules` where great-expectations' pandas engine is
 what the pipeline itself runs (`expectations.pandas_safe`); any other suite sends the whole read
 to Spark.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -101,22 +106,53 @@ def _value(value: Any, kind: str) -> Any:
     raise _Unclean(kind)
 
 
-def parse_clean(payload: bytes | None, schema: FlatSchema) -> tuple | None:
-    """The payload's field values in the schema's order, or None when it is not clean (Spark decides)."""
+class _Quarantined(tuple):
+    """`parse_clean`'s answer for a payload the pipeline certainly quarantines (a decode error)."""
+
+
+QUARANTINED = _Quarantined()
+# What a JSON value can start with under Spark's JSON options (single quotes and NaN/Infinity are
+# allowed there, comments and leading '+'/'.' are not, but they are kept here to stay on the safe side).
+_VALUE_STARTS = frozenset("{[\"'0123456789-+./#")
+_KEYWORDS = frozenset({"true", "false", "null", "NaN", "Infinity"})
+_WORD = re.compile(r"[A-Za-z]*")
+
+
+def parse_clean(payload: bytes | None, schema: FlatSchema, quarantine: bool = False) -> tuple | None:
+    """The payload's field values in the schema's order; None when it is not clean (Spark decides).
+
+    With `quarantine` (the pipeline's `on_error: quarantine`), `QUARANTINED` for a payload whose
+    decode certainly fails in Spark too: null or empty, text no JSON value can start with (a word
+    that is no JSON keyword), or a clean object without a required field."""
     if not payload:
-        return None
+        return QUARANTINED if quarantine else None
     try:
-        found = json.loads(payload.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=_constant)
+        text = payload.decode("utf-8")
+        found = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
         if type(found) is not dict or not found.keys() <= schema.names:
             return None
         values = tuple(_value(found.get(name), kind) for name, kind in schema.fields)
-    except (_Unclean, ValueError, RecursionError):
+    except UnicodeDecodeError:
         return None
-    if any(found.get(name) is None for name in schema.required):
+    except ValueError:  # not JSON to Python: to Spark's more lenient parser too when it cannot start a value
+        return QUARANTINED if quarantine and _no_json_value(text) else None
+    except (_Unclean, RecursionError):
         return None
     if any(kind == "string" and v is not None and not _utf8(v) for (_, kind), v in zip(schema.fields, values)):
         return None
+    if any(found.get(name) is None for name in schema.required):
+        # Spark parses the same struct, with the field null: "missing required field(s)"
+        return QUARANTINED if quarantine else None
     return values
+
+
+def _no_json_value(text: str) -> bool:
+    """True when `text` cannot start any JSON value, however leniently read."""
+    body = text.lstrip(" \t\n\r")
+    if not body or body[0] in _VALUE_STARTS:
+        return False
+    word = _WORD.match(body)
+    return word is not None and word.group() != "" and not any(word.group().startswith(k) for k in _KEYWORDS)
 
 
 def _utf8(text: str) -> bool:
@@ -135,6 +171,7 @@ class SplitPlan:
     schema: FlatSchema
     schema_id: int | None
     version: int | None
+    quarantine: bool = True  # `on_error: quarantine`: a payload that does not decode is not a target row
 
 
 def split_plan(decoder: Any) -> SplitPlan | None:
@@ -160,7 +197,7 @@ def split_plan(decoder: Any) -> SplitPlan | None:
     except Exception:  # the Spark path reports it the pipeline's way
         return None
     schema = flat_schema(parsed.struct, parsed.required)
-    return None if schema is None else SplitPlan(schema, schema_id, version)
+    return None if schema is None else SplitPlan(schema, schema_id, version, decoder.config.on_error == "quarantine")
 
 
 def _meta_columns(batch: pa.RecordBatch) -> list[pa.Array]:
@@ -220,11 +257,12 @@ class ArrowSplit:
         schema = plan.schema
         version_ok = ArrowSplit._version_mask(batch, plan)
         payloads = batch.column("payload").to_pylist()
-        parsed = [parse_clean(p, schema) if ok else None for p, ok in zip(payloads, version_ok)]
-        clean = pa.array([v is not None for v in parsed], pa.bool_())
-        # rows of another version are the pipeline's quarantine: neither split here nor left to Spark
-        unclean = pc.and_(pc.invert(clean), pa.array(version_ok, pa.bool_()))
-        values = [v for v in parsed if v is not None]
+        quarantine = plan.quarantine
+        parsed = [parse_clean(p, schema, quarantine) if ok else QUARANTINED for p, ok in zip(payloads, version_ok)]
+        clean = pa.array([v is not None and v is not QUARANTINED for v in parsed], pa.bool_())
+        # rows of another version, and payloads certainly not decoding, are the pipeline's quarantine
+        unclean = pa.array([v is None for v in parsed], pa.bool_())
+        values = [v for v in parsed if v is not None and v is not QUARANTINED]
         meta = pa.Table.from_arrays(_meta_columns(batch), names=list(_META)).filter(clean)
         columns = [pa.array([v[i] for v in values], ARROW_TYPES[kind]) for i, (_, kind) in enumerate(schema.fields)]
         rows = meta

@@ -44,15 +44,23 @@ UNCLEAN = [
     b'{"order_id": "x", "order_id": "y", "amount": 1}',          # a duplicate key
     b"{'order_id': 'x', 'amount': 1}",                           # single quotes (Spark reads them)
     b'{"order_id": "x", "amount": 1} trailing',
-    b'{"amount": 1}',                                            # required order_id missing
-    b'{"order_id": null, "amount": 1}',
     b'[{"order_id": "x"}]',
     b'{not json',
-    b'',
+    b'truest',                                                   # a keyword's start: Spark decides
     b'{"order_id": "\\ud800", "amount": 1}',                     # a lone surrogate
     b'{"order_id": "x", "amount": 1e400}',
     b'{"order_id": "x", "amount": 9007199254740993}',            # an int past 2**53 for a number
     b'{"order_id": {"n": 1}, "amount": 1}',
+]
+
+
+DECIDED = [  # decode errors decided without Spark (on_error: quarantine): not target rows
+    b'{"amount": 1}',                                            # required order_id missing
+    b'{"order_id": null, "amount": 1}',
+    b'this is not json',
+    b' \n hello',
+    b'',
+    None,
 ]
 
 
@@ -76,14 +84,15 @@ def test_the_arrow_split_is_the_spark_split_and_leaves_the_rest_to_spark(spark):
     decoder = Decoder(DecodeConfig(format="json", inline_schema=json.dumps(SCHEMA)))
     gate = QualityGate(ExpectationsConfig(suite="tail-split", rules=RULES))
     clean = [json.dumps(r).encode() for r in CLEAN]
-    batches = [connector_batch([*clean, *UNCLEAN, None], None, 0),
-               connector_batch([*UNCLEAN, *clean], 3, 100)]
+    batches = [connector_batch([*clean, *UNCLEAN, *DECIDED], None, 0),
+               connector_batch([*DECIDED, *UNCLEAN, *clean], 3, 100)]
     expected = spark_split(spark, decoder, gate, batches)
 
     plain, rest = ArrowSplit(decoder, RULES).split(batches)
     assert plain is not None
     left = {o for b in rest for o in b.column("offset").to_pylist()}
-    assert left == {*range(len(clean), len(clean) + len(UNCLEAN) + 1), *range(100, 100 + len(UNCLEAN))}
+    assert left == {*range(len(clean), len(clean) + len(UNCLEAN)),
+                    *range(100 + len(DECIDED), 100 + len(DECIDED) + len(UNCLEAN))}
     from_spark = spark_split(spark, decoder, gate, rest)
     assert plain.schema.equals(expected.schema), (plain.schema, expected.schema)
     assert by_offset(plain) == by_offset(expected.filter(pa.compute.invert(

@@ -37,6 +37,19 @@ def test_only_plain_payloads_are_decoded_here(payload, values):
     assert parse_clean(payload, FLAT) == values
 
 
+@pytest.mark.parametrize("payload, decided", [
+    (None, True), (b"", True), (b"this is not json", True), (b"\t hello", True),
+    (b'{"n": 1}', True), (b'{"id": null}', True),                       # a required field missing
+    (b"truest", False), (b"nullable", False), (b"Nope", True), (b"{oops", False), (b"'a'", False),  # Spark's parser decides
+    (b'{"n": 1, "more": 2}', False), (b'{"id": "a"}', False),
+])
+def test_under_quarantine_certain_decode_errors_are_decided_here(payload, decided):
+    from pipelines.tail_split import QUARANTINED
+
+    assert (parse_clean(payload, FLAT, quarantine=True) is QUARANTINED) is decided
+    assert parse_clean(payload, FLAT) is not QUARANTINED  # rescue keeps them: Spark says how
+
+
 @dataclass
 class _Version:
     version: int
