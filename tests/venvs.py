@@ -87,7 +87,12 @@ def built_wheel() -> Path:
         for old in wheels.iterdir():  # one wheel kept: the sources it came from are gone
             if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
-        source = source_copy(Path(_mkdtemp(wheels)))
+        # At one path (under the lock), the files keeping their mtimes: cargo then finds the
+        # native front of an earlier wheel up to date where native/ has not changed since (as
+        # .ci/run gives it one fixed mtime), instead of rebuilding the crate for a new path.
+        source = wheels / "source"
+        shutil.rmtree(source, ignore_errors=True)
+        source_copy(source)
         # The native front's crates compile once: the checkout's cargo target directory (or the
         # one CARGO_TARGET_DIR names, as .ci/run sets) serves the copy too.
         target = os.environ.get("CARGO_TARGET_DIR") or str(REPO_ROOT / "native" / "grpc_front" / "target")
@@ -99,12 +104,6 @@ def built_wheel() -> Path:
             shutil.rmtree(source, ignore_errors=True)
         (wheel,) = dist.glob("danube_spark-*.whl")
         return wheel
-
-
-def _mkdtemp(parent: Path) -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="source-", dir=parent)
 
 
 def declared_requirements(extras: list[str]) -> list[str]:
