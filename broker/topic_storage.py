@@ -17,9 +17,11 @@ This is seed 003 ("reliable topic moves") done right. Differences from v0.7.3 (s
   Its producers were told offsets past the last descriptor are stored, and they are only in
   its WAL; so before opening its own WAL the new owner reads that WAL (through the `wal_url`
   the dead broker left in its broker state), uploads the frames beyond the descriptors with the
-  ordinary uploader, and continues after the largest offset found there. If that WAL cannot
-  be read, an error names the broker, the URL and the offsets at risk, and the topic continues
-  after the descriptors (readers then report the gap as data loss).
+  ordinary uploader, and continues after the largest offset found there. An object the dead
+  broker uploaded without writing its descriptor, now a byte-for-byte copy of the recovered
+  frames, is deleted (`broker.repeated_uploads`). If that WAL cannot be read, an error names
+  the broker, the URL and the offsets at risk, and the topic continues after the descriptors
+  (readers then report the gap as data loss).
 * **Empty topics**: the sealed offset is "last offset handed out". A topic that never handed
   one out (WAL head still 0) writes **no** marker, so the next owner starts at 0 like a new
   topic; the broker would write 0 and make the next owner skip offset 0. A topic that started
@@ -63,6 +65,7 @@ from danube_core.topics import TopicName
 from danube_core.wal_files import segment_seq
 
 from broker.cursors import SubscriptionCursor
+from broker.repeated_uploads import delete_repeated_uploads
 from broker.retention import WalRetention
 from broker.tiered_reader import TieredReader
 from danube_core.descriptor_catalog import DescriptorCatalog
@@ -373,6 +376,8 @@ def recover_previous_wal(
     if recovered is not None and recovered > uploaded:
         logger.warning("%s: recovered offsets %d..%d from the WAL of dead broker %d at %s",
                        topic, uploaded + 1, recovered, previous, url)
+        # The dead broker may have uploaded some of them and died before the descriptor put.
+        delete_repeated_uploads(topic, store, metadata, keys, uploaded + 1, recovered)
     return max(x for x in (recovered, source.last_offset, -1) if x is not None) + 1
 
 

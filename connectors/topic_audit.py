@@ -6,7 +6,17 @@ from the key the audit starts at, and the objects are listed once, bounded near 
 stream reads (`read_from`) so a stream resuming near the head of a long history reads a few
 keys, not the history. A clean run is folded page by page (`ContiguousRun`); anything else is
 audited from the whole list. An object no descriptor references has its frames scanned once
-for its last offset, unless it is an upload in flight. One driver thread.
+for its last offset, unless it is an upload in flight.
+
+Such an object is another run's only on evidence: an uploader that closed an object and died
+(or failed) before putting its descriptor leaves it behind, and whoever uploads those offsets
+next puts the same WAL bytes in a new object under a descriptor. An unreferenced object whose
+every frame equals, byte for byte, the current run's frame at that offset (header and the whole
+message: payload, producer id, request id, publish time, attributes; the rule and why a real
+offset reuse cannot pass it are in `danube_core.repeated_upload`) is that repeated upload: it is
+left out of the audit (logged once), as it holds no message the current run does not. Any
+difference, a torn or corrupt frame, or an offset the current run's descriptors do not hold
+keeps it an older run's object, and its offsets reused (data loss naming it). One driver thread.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from typing import Iterator
 from connectors.descriptor_reads import DescriptorReader
 from connectors.snapshot import WalRun
 from connectors.topic_runs import (
-    ContiguousRun, RunAudit, audit_contiguous_run, audit_runs, current_chain, restart_in_wal,
+    OBJECT, ContiguousRun, RunAudit, RunSource, audit_contiguous_run, audit_runs, current_chain, restart_in_wal,
 )
 from connectors.wal_scan import WalFinder, scan_file_runs
 from danube_core import keys
@@ -26,6 +36,7 @@ from danube_core.errors import ObjectMissingError
 from danube_core.metadata import MetadataStore
 from danube_core.objectstore import ObjectStore, parse_object_id
 from danube_core.records import CurPointer, ObjectDescriptor, SealedState
+from danube_core.repeated_upload import repeats_described
 from danube_core.topics import TopicName
 
 logger = logging.getLogger(__name__)
@@ -51,6 +62,8 @@ class TopicAuditor:
         self._objects_url = objects_url
         self._audits = audits
         self._object_ranges: dict[str, int] = {}  # orphan object URL -> its last offset
+        # (orphan object URL, ids of the current objects holding its offsets) -> a repeated upload?
+        self._repeats: dict[tuple[str, tuple[str, ...]], bool] = {}
         # topic -> the lowest offset a stream reads it from (None: from its head); a topic not
         # here is read from anywhere (batch reads), so its run audit covers its whole history.
         self._read_from: dict[str, int | None] = {}
@@ -126,7 +139,37 @@ class TopicAuditor:
             start = parse_object_id(oid)[0]
             listed.append((oid, start, None if oid in referenced
                            else self._unless_in_flight(topic, oid, start, uploaded_stop, newest)))
-        return audit_runs(str(topic), descriptors, cur, self._objects_url(topic), listed, wal, stale_wal, sealed)
+        audit = audit_runs(str(topic), descriptors, cur, self._objects_url(topic), listed, wal, stale_wal, sealed)
+        audit.stale_sources = [s for s in audit.stale_sources if not self._repeated_upload(topic, s, audit)]
+        return audit
+
+    def _repeated_upload(self, topic: TopicName, source: RunSource, audit: RunAudit) -> bool:
+        """Whether `source` is an object no descriptor references that repeats the current
+        run's frames (module docstring); decided once per object and covering descriptors."""
+        if source.kind != OBJECT or source.referenced:
+            return False
+        holding = [d for d in audit.current_descriptors
+                   if d.end_offset >= source.first_offset and d.start_offset <= source.last_offset]
+        memo_key = (source.url, tuple(d.object_id for d in holding))
+        if memo_key not in self._repeats:
+            self._repeats[memo_key] = self._repeats_current(topic, source, holding)
+        return self._repeats[memo_key]
+
+    def _repeats_current(self, topic: TopicName, source: RunSource, holding: list[ObjectDescriptor]) -> bool:
+        objects_url = self._objects_url(topic)
+        try:
+            repeated = repeats_described(self._store, source.url, source.first_offset, holding,
+                                         lambda object_id: objects_url + object_id)
+        except ObjectMissingError:
+            # Gone since it was listed (its uploader deleted it): it holds nothing, as if not
+            # listed. A current object gone is the planner's data loss to report.
+            return not self._store.exists(source.url)
+        if repeated:
+            logger.warning("topic %s: object %s (offsets %d..%d, no descriptor references it) repeats the "
+                           "current run's frames in %s byte for byte: an upload whose descriptor was never "
+                           "written, not read (safe to delete)", topic, source.name, source.first_offset,
+                           source.last_offset, ", ".join(d.object_id for d in holding))
+        return repeated
 
     def _unless_in_flight(self, topic: TopicName, object_id: str, start: int, uploaded_stop: int,
                           newest: int) -> int | None:

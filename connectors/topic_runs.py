@@ -19,8 +19,8 @@ into the current run and stale ones, from evidence the broker leaves behind:
   the WAL chain is the current run, and descriptors reaching into it are stale. So does a WAL
   chain whose first run went back in its file after the uploader's last position
   (`WalRun.restarted_after_upload`), even once the new run's head has passed the uploads.
-* Objects in storage that no descriptor references and that are not a newer upload in flight
-  are orphans of an older run.
+* Objects in storage that no descriptor references, not a newer upload in flight, are orphans
+  of an older run (`topic_audit` has already left out those repeating the current run's frames).
 * WAL runs that do not lead to the WAL head are an older run's frames.
 * A sealed state whose offsets a later upload restarted below is stale (the move race).
 

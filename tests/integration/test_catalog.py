@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import uuid
+from dataclasses import replace
 from typing import Callable, Iterator
 
 import pytest
@@ -24,7 +25,7 @@ from danube_core import keys
 from danube_core.checkpoints import WalCheckpoint
 from danube_core.errors import DataLossError
 from danube_core.metadata import MetadataStore
-from danube_core.objectstore import ObjectStore
+from danube_core.objectstore import ObjectStore, object_id_for
 from danube_core.records import NULL_JSON, BrokerState, dump_cursor
 from danube_core.topics import TopicName
 from tests.topic_builder import PAYLOAD_OFFSET_IN_FRAME, TopicBuilder, corrupt_byte, messages_of
@@ -194,6 +195,97 @@ def test_an_upload_between_the_wal_scan_and_the_run_audit_is_not_a_restart(metad
     assert audit.clean, audit.summary()
     assert audit.wal_restart is None and not audit.stale_descriptors
     assert (audit.current_first, audit.current_stop) == (0, 70)
+
+
+def leave_orphan(b: TopicBuilder, store: ObjectStore, first: int, frames: bytes) -> str:
+    """An object of `frames` from offset `first`, as an uploader leaves it when it dies (or its
+    etcd put fails) after closing the object and before putting its descriptor."""
+    object_id = object_id_for(first, b.descriptors[-1].created_at if b.descriptors else 1)
+    with store.open_writer(b.topic, object_id) as writer:
+        writer.write(frames)
+    return object_id
+
+
+def connector_options(b: TopicBuilder, store: ObjectStore, etcd_endpoint: str, subscription: str) -> dict:
+    return {"etcd.endpoints": etcd_endpoint, "storage.url": store.url,
+            "storage.options": json.dumps(store.storage_options), "topic": b.name,
+            "subscription": subscription, "startingOffsets": "earliest"}
+
+
+def test_an_object_orphaned_by_a_failed_descriptor_write_is_read_once_not_as_an_older_run(
+        metadata, make, s3_store, unique_name, etcd_endpoint):
+    """The soak's open defect 3 (issue 43): a broker uploaded offsets 40..41 and died before
+    putting the descriptor; the next owner uploaded 40..45 again, from the dead broker's WAL,
+    under a descriptor. The same messages of the same run, not an older run's: a batch read and
+    an availableNow stream read every message exactly once, and the audit is clean."""
+    from connectors.batch import DanubeBatchReader
+    from connectors.options import parse_options
+    from connectors.partitions import read_partition
+    from connectors.stream import DanubeStreamReader
+
+    b = make(f"/default/{unique_name('t')}")
+    b.append(40)
+    b.upload()
+    b.append(6)
+    orphan = leave_orphan(b, s3_store, 40, b"".join(encode(b, o) for o in (40, 41)))
+    b.upload()  # 40..45, recovered and uploaded again under a descriptor
+    b.append(4)  # 46..49 in the WAL only
+    every = [(o, b.messages[o].payload, b.messages[o].publish_time) for o in range(50)]
+
+    def rows_of(partitions) -> list[tuple[int, bytes, int]]:
+        """(offset, payload, publish time in ms) of every row the connector's partitions read."""
+        rows = [row for p in partitions for x in read_partition(p, False) for row in x.to_pylist()]
+        return sorted((r["offset"], r["payload"], round(r["publish_time"].timestamp() * 1000)) for r in rows)
+
+    options = connector_options(b, s3_store, etcd_endpoint, unique_name("s"))
+
+    batch = DanubeBatchReader(parse_options({**options, "endingOffsets": "latest"}))
+    assert rows_of(batch.partitions()) == every
+
+    stream = DanubeStreamReader(parse_options(options))
+    try:
+        stream.prepareForTriggerAvailableNow()
+        start = stream.initialOffset()
+        end = stream.latestOffset(start, ReadAllAvailable())
+        assert rows_of(stream.partitions(start, end)) == every
+        stream.commit(end)
+    finally:
+        stream.stop()
+    audit = catalog(metadata, s3_store).audit(b.name)
+    assert audit.clean, audit.summary()
+    assert s3_store.exists(s3_store.object_url(b.topic, orphan))  # left in place: readers never delete
+
+
+@pytest.mark.parametrize("differs", ["payload", "publish_time", "torn_tail", "past_the_descriptors"])
+def test_an_unreferenced_object_with_other_frames_at_the_current_runs_offsets_is_still_reuse(
+        metadata, make, s3_store, unique_name, differs):
+    """Only byte-identical frames make an unreferenced object a repeated upload: one differing
+    message (another payload, a publish time 1 ms off), a torn frame, or offsets the current
+    run's descriptors do not hold keep it an older run's, and its offsets reused, naming it."""
+    from danube_core.frames import encode_frame
+    from danube_core.message import encode_message
+
+    b = make(f"/default/{unique_name('t')}")
+    b.append(40)
+    b.upload()
+    b.append(8)
+    frames = [encode(b, o) for o in (40, 41)]
+    if differs in ("payload", "publish_time"):
+        m = b.messages[41]
+        other = (replace(m, payload=m.payload + b"!") if differs == "payload"
+                 else replace(m, publish_time=m.publish_time + 1))
+        frames[1] = encode_frame(41, encode_message(other))
+    elif differs == "torn_tail":
+        frames.append(encode(b, 42)[:20])
+    else:
+        frames += [encode(b, o) for o in range(42, 48)]
+    orphan = leave_orphan(b, s3_store, 40, b"".join(frames))
+    b.upload(max_frames=6)  # 40..45 under a descriptor; 46..47 in the WAL only
+    last = 47 if differs == "past_the_descriptors" else 41
+    with pytest.raises(DataLossError, match=rf"\[40, 4\d\).*reused.*{orphan} offsets 40\.\.{last}"):
+        plan(catalog(metadata, s3_store), b.name, 0, 48)
+    stale = catalog(metadata, s3_store, fail=False).audit(b.name).stale_sources
+    assert [(s.name, s.first_offset, s.last_offset) for s in stale] == [(orphan, 40, last)]
 
 
 @pytest.mark.parametrize("shape", ["gap", "restart"])

@@ -160,3 +160,46 @@ def test_record_failover_keeps_a_sealed_state_and_skips_non_reliable_topics(meta
     assert record_failover(metadata, KEYS, fresh, 8, 1_700_000_001)
     assert metadata.get(KEYS.state_key(fresh)) == (
         b'{"broker_id":8,"last_committed_offset":0,"sealed":false,"timestamp":1700000001}')
+
+
+def wal_frames(directory: str) -> dict[int, bytes]:
+    """Every whole frame of the WAL files in `directory`, by offset."""
+    from danube_core.frames import scan_frames
+
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("wal") and name.endswith(".log"):
+            data = open(os.path.join(directory, name), "rb").read()
+            out.update({ref.offset: data[ref.frame_pos:ref.end_pos] for ref in scan_frames(data).frames})
+    return out
+
+
+@pytest.mark.parametrize("orphan_frames", ["the-dead-wals", "other"])
+def test_an_object_the_dead_broker_uploaded_without_its_descriptor_is_deleted_once_recovered(
+    make_engine, metadata, topic, broker_ids, tmp_path, orphan_frames
+):
+    """The soak's open defect 3 (issue 43), the broker's side: the dead broker had uploaded
+    offsets 10..11 and died before putting their descriptor. The next owner uploads 10..29 again
+    from its WAL; the old object, the same frames byte for byte, is deleted, so no reader finds
+    it. An unreferenced object with other frames there is not the recovery's to delete: kept."""
+    from danube_core.frames import encode_frame
+    from danube_core.message import encode_message
+    from danube_core.objectstore import ObjectStore, object_id_for
+
+    a, b = broker_ids
+    wal_dir_a = crash_after_partial_upload(make_engine("a", a), topic)
+    frames = wal_frames(wal_dir_a)
+    if orphan_frames == "other":
+        frames[11] = encode_frame(11, encode_message(make_msg(111, topic.broker_name)))
+    store = ObjectStore(f"file://{tmp_path}/cloud")
+    orphan = object_id_for(UPLOADED, 1_700_000_000)
+    with store.open_writer(topic, orphan) as writer:
+        writer.write(frames[10] + frames[11])
+    announce_death(metadata, topic, a, f"file://{tmp_path}/a/wal")
+
+    on_b = make_engine("b", b).load_topic(topic)
+
+    spans = [(d.start_offset, d.end_offset) for d in descriptors(metadata, topic)]
+    assert spans == [(0, UPLOADED - 1), (UPLOADED, ACKED - 1)]
+    assert [m.msg_id.topic_offset for m in on_b.reader(0)] == list(range(ACKED))
+    assert store.exists(store.object_path(topic, orphan)) == (orphan_frames == "other")
