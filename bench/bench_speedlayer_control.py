@@ -37,7 +37,7 @@ from pyspy_profile import print_summary, profile_processes  # noqa: E402
 
 from speedlayer.clients import delta_request  # noqa: E402
 from speedlayer.records import GlobalConfig  # noqa: E402
-from tests.speedlayer.cluster import SpeedLayerCluster, ready_workers  # noqa: E402
+from devstack.speedlayer_cluster import SpeedLayerCluster, ready_workers  # noqa: E402
 
 GOAL_P99_MS = 200
 

@@ -91,7 +91,7 @@ class Run:
         from speedlayer.clients import delta_request
         from speedlayer.clients.query_client import QueryClient
         from speedlayer.records import GlobalConfig
-        from tests.speedlayer.cluster import SpeedLayerCluster
+        from devstack.speedlayer_cluster import SpeedLayerCluster
 
         self.cluster = SpeedLayerCluster(root / "cluster")
         self.cluster.set_global(GlobalConfig(replication_factor=1, refresh_poll_interval_s=poll_s,

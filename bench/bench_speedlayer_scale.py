@@ -53,7 +53,7 @@ from common import Column, machine_info, print_table, wait_for, write_results  #
 from danube_core.metadata_etcd import EtcdMetadataStore  # noqa: E402
 from speedlayer.clients import delta_request  # noqa: E402
 from speedlayer.records import R_READY, AssignmentRecord, GlobalConfig  # noqa: E402
-from tests.speedlayer.cluster import SpeedLayerCluster  # noqa: E402
+from devstack.speedlayer_cluster import SpeedLayerCluster  # noqa: E402
 
 TENANT = "bench"
 GOAL_ADMIT_P99_MS = 200

@@ -351,7 +351,7 @@ def test_speed_layer_notebook_admits_a_table_and_answers_like_spark(spark, tmp_p
     from deltalake import write_deltalake
 
     from tests.rig import eventually
-    from tests.speedlayer.cluster import SpeedLayerCluster
+    from devstack.speedlayer_cluster import SpeedLayerCluster
 
     root = tmp_path_factory.mktemp("speedlayer-notebook")
     path = str(root / "orders")

@@ -21,7 +21,7 @@ from speedlayer.clients import delta_request
 from speedlayer.clients.query_client import QueryClient
 from speedlayer.records import Announcement, AssignmentRecord, GlobalConfig, TenantConfig
 from tests.rig import eventually
-from tests.speedlayer.cluster import SpeedLayerCluster
+from devstack.speedlayer_cluster import SpeedLayerCluster
 from tests.speedlayer.test_freshness import served_rows
 from tests.spark.test_pipeline_decode import lake  # noqa: F401 (fixture)
 

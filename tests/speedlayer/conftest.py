@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tests.speedlayer.cluster import SpeedLayerCluster
+from devstack.speedlayer_cluster import SpeedLayerCluster
 
 
 @pytest.fixture

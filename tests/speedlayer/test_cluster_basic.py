@@ -9,7 +9,7 @@ import pytest
 
 from speedlayer.clients import delta_request
 from tests.rig import eventually
-from tests.speedlayer.cluster import ready_workers
+from devstack.speedlayer_cluster import ready_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -15,7 +15,7 @@ import pytest
 from speedlayer.clients import delta_request
 from speedlayer.records import AssignmentRecord
 from tests.rig import eventually
-from tests.speedlayer.cluster import SpeedLayerCluster, ready_workers
+from devstack.speedlayer_cluster import SpeedLayerCluster, ready_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 

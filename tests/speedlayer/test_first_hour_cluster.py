@@ -19,7 +19,7 @@ from speedlayer.clients.query_client import QueryClient
 from speedlayer.errors import ReplicaUnavailableError
 from speedlayer.records import TenantConfig
 from tests.rig import eventually
-from tests.speedlayer.cluster import ready_workers
+from devstack.speedlayer_cluster import ready_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

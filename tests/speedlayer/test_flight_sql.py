@@ -22,7 +22,7 @@ import pytest
 from speedlayer.clients import QueryClient, delta_request
 from speedlayer.records import TenantConfig
 from tests.rig import eventually
-from tests.speedlayer.cluster import SpeedLayerCluster, ready_workers
+from devstack.speedlayer_cluster import SpeedLayerCluster, ready_workers
 
 adbc_flightsql = pytest.importorskip("adbc_driver_flightsql.dbapi")
 adbc_manager = pytest.importorskip("adbc_driver_manager")

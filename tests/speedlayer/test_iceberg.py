@@ -10,7 +10,7 @@ import pytest
 from speedlayer.api.v1 import management_service_pb2 as mg
 from speedlayer.sources.iceberg import IcebergTableSource
 from tests.rig import eventually
-from tests.speedlayer.cluster import ready_workers
+from devstack.speedlayer_cluster import ready_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -18,7 +18,7 @@ from speedlayer.records import (
     ASSIGNED, FAILED, R_FAILED, R_READY, AssignmentRecord, GlobalConfig, ReplicaRecord, TenantConfig,
 )
 from tests.rig import eventually
-from tests.speedlayer.cluster import ready_workers
+from devstack.speedlayer_cluster import ready_workers
 
 
 def _record(**replicas: ReplicaRecord) -> AssignmentRecord:

@@ -15,7 +15,8 @@ from danube_core.ports import free_port
 from speedlayer.clients import delta_request
 from speedlayer.observability.audit import read_audit_log
 from tests.rig import eventually
-from tests.speedlayer.cluster import REPO_ROOT, ready_workers
+from devstack import REPO_ROOT
+from devstack.speedlayer_cluster import ready_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -20,7 +20,7 @@ from devstack.broker_stack import EmbeddedStack
 from speedlayer.clients import delta_request
 from tests.rig import eventually
 from tests.pipeline_files import publish_orders, run_to_end, stack_pipeline_file
-from tests.speedlayer.cluster import ready_workers
+from devstack.speedlayer_cluster import ready_workers
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 

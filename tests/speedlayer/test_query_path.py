@@ -22,7 +22,8 @@ from speedlayer.errors import (
 )
 from speedlayer.records import TenantConfig
 from tests.rig import eventually
-from tests.speedlayer.cluster import REPO_ROOT, ready_workers
+from devstack import REPO_ROOT
+from devstack.speedlayer_cluster import ready_workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

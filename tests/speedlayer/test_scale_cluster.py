@@ -15,7 +15,8 @@ import pyarrow as pa
 from speedlayer.clients import delta_request
 from speedlayer.records import R_READY, AssignmentRecord, GlobalConfig
 from tests.rig import eventually
-from tests.speedlayer.cluster import REPO_ROOT, SpeedLayerCluster
+from devstack import REPO_ROOT
+from devstack.speedlayer_cluster import SpeedLayerCluster
 
 TENANT = "scale"
 DATASETS = 50

@@ -32,7 +32,8 @@ from speedlayer.clients import QueryClient, delta_request
 from speedlayer.errors import InvalidQueryError
 from speedlayer.records import AssignmentRecord, GlobalConfig, TenantConfig
 from tests.rig import eventually
-from tests.speedlayer.cluster import REPO_ROOT, SpeedLayerCluster
+from devstack import REPO_ROOT
+from devstack.speedlayer_cluster import SpeedLayerCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

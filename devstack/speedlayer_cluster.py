@@ -22,11 +22,10 @@ from pathlib import Path
 from danube_core.embedded_etcd import etcd_binary
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.ports import free_port, stop_process, stop_processes, wait_for_port
+from devstack import REPO_ROOT
 from speedlayer.clients import ManagementClient
 from speedlayer.keys import SpeedLayerKeys
 from speedlayer.records import GlobalConfig, TenantConfig
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class RestartableEtcd:
@@ -141,7 +140,7 @@ class SpeedLayerCluster:
         from speedlayer.config import WorkerConfig
         from speedlayer.worker.agent import WorkerAgent
 
-        agent = WorkerAgent(WorkerConfig(tenant=tenant, worker_id=worker_id, masters=self.master_addresses,
+        agent = WorkerAgent(WorkerConfig(tenant=tenant, worker_id=worker_id, masters=tuple(self.master_addresses),
                                          memory_bytes=memory_mb * 1024 * 1024, threads=1))
         thread = threading.Thread(target=agent.run, name=f"worker-{worker_id}", daemon=True)
         thread.start()
