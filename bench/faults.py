@@ -9,7 +9,7 @@ processes, moto, proxies) under one shared etcd, on free loopback ports, in a te
 | case | fault | recovery_s |
 |---|---|---|
 | broker_kill9 | kill -9 of the broker while the official client produces; restart on its WAL | restart -> first acknowledged send (goal <= 3 s) |
-| driver_<step> | the driver SIGKILLed at one step of a batch (`bench/fault_hook.py`) | the restarted run |
+| driver_<step> | the driver SIGKILLed at one step of a batch (`devstack/faults/hook.py`) | the restarted run |
 | worker_kill9 | a PySpark Python worker SIGKILLed mid-task | the pipeline's whole run |
 | etcd_kill_restart | etcd kill -9 under a streaming pipeline, restarted after --fault-s | etcd back -> first ack |
 | etcd_slow | etcd behind a proxy delaying 6 s per chunk (past the 5 s timeout) | proxy passing -> first ack |
@@ -42,9 +42,9 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from common import Column, machine_info, print_table, write_results  # noqa: E402
 
-from bench import fault_cases as cases  # noqa: E402
-from bench import fault_cases_infra as infra  # noqa: E402
-from bench.fault_kit import Etcd, remove_tree  # noqa: E402
+from devstack.faults import cases  # noqa: E402
+from devstack.faults import cases_infra as infra  # noqa: E402
+from devstack.faults.kit import Etcd, remove_tree  # noqa: E402
 from pipelines.batch_hooks import STEPS  # noqa: E402
 
 CASES = {

@@ -106,7 +106,7 @@ class SpeedLayerCluster:
         """Start (or restart, on the port it had) master `master_id`; clients know masters by address.
 
         `entry` is the module run with `-m` and its arguments before `master`: the product's
-        command, or a test's entry point passing hooks in (`("bench.fault_master", ...)`)."""
+        command, or a test's entry point passing hooks in (`("devstack.faults.master", ...)`)."""
         port = self._ports.setdefault(master_id, free_port())
         log = open(self.root / f"master-{master_id}.log", "ab")
         process = subprocess.Popen(

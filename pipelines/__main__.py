@@ -33,7 +33,7 @@ logger = logging.getLogger("pipelines")
 
 def main(argv: list[str] | None = None, *, hooks: BatchHooks = NO_HOOKS) -> int:
     """The command; `hooks` act at the steps of each batch (the fault battery's entry point,
-    `bench/fault_pipeline.py`, passes its own; nothing happens by default)."""
+    `devstack/faults/pipeline.py`, passes its own; nothing happens by default)."""
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the pipeline declared in a YAML file")

@@ -2,7 +2,7 @@
 
 The sink's order (target, quarantine, then the cursor) is what makes a replay exactly-once.
 The fault battery proves it by killing the driver at each of these steps; it passes its own
-hooks in (`bench/fault_hook.py`, through `python -m bench.fault_pipeline`), so the product
+hooks in (`devstack/faults/hook.py`, through `python -m devstack.faults.pipeline`), so the product
 holds no test hook, only the names of the steps and this do-nothing base:
 
 * `during_target_write`: `around` wraps the target write;

@@ -3,7 +3,7 @@
 An admission persists its epoch PLANNED (the load plan with it) before it assigns workers; a
 leader that dies between the two leaves a PLANNED record that the next leader resumes. The
 failover tests prove it by killing the leader there: they pass their own hooks in
-(`bench/fault_master.py`, `python -m bench.fault_master`), so the product holds no test hook
+(`devstack/faults/master.py`, `python -m devstack.faults.master`), so the product holds no test hook
 and reads no test switch, only this do-nothing base.
 """
 

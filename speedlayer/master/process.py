@@ -29,7 +29,7 @@ def run(args: argparse.Namespace, hooks: AdmissionHooks = NO_HOOKS) -> int:
     """Serve until SIGINT/SIGTERM; 0 after a clean stop (a bad configuration raises ConfigError).
 
     `hooks` act at the named steps of the leader's admissions: nothing from `python -m
-    speedlayer`; the failover tests start masters through `python -m bench.fault_master`,
+    speedlayer`; the failover tests start masters through `python -m devstack.faults.master`,
     which passes its own."""
     from speedlayer.config import load_master_config
     from speedlayer.master.server import MasterServer

@@ -15,8 +15,8 @@ import os
 
 import pytest
 
-from bench import fault_cases as cases
-from bench import fault_cases_infra as infra
+from devstack.faults import cases
+from devstack.faults import cases_infra as infra
 from pipelines.batch_hooks import STEPS
 
 # Each case goes to any free pytest-xdist worker (no case judges by timing: the lock-lease case

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.chaos.checker import FAILURES
-from bench.chaos.run import SoakOptions, run_soak
-from bench.chaos.schedule import KINDS
+from devstack.chaos.checker import FAILURES
+from devstack.chaos.run import SoakOptions, run_soak
+from devstack.chaos.schedule import KINDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

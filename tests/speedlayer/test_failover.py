@@ -25,9 +25,9 @@ TENANT, ROWS = "acme", 3000
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     cluster = SpeedLayerCluster(tmp_path_factory.mktemp("failover"))
-    # m1 pauses after PLANNED (its admission hook, passed in by bench.fault_master), so it can be
+    # m1 pauses after PLANNED (its admission hook, passed in by devstack.faults.master), so it can be
     # killed mid-admission; it leads first.
-    cluster.start_master("m1", entry=("bench.fault_master", "--pause-after-planned-s", "4"))
+    cluster.start_master("m1", entry=("devstack.faults.master", "--pause-after-planned-s", "4"))
     eventually(lambda: cluster.leader_id() == "m1", deadline_s=20)
     cluster.start_master("m2")
     cluster.start_master("m3")

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from bench import fault_hook
+from devstack.faults import hook as fault_hook
 from devstack import REPO_ROOT
 
 pytestmark = pytest.mark.unit
 
-FIRE = "from bench.fault_hook import fault_point; fault_point('after_target_write'); print('survived')"
+FIRE = "from devstack.faults.hook import fault_point; fault_point('after_target_write'); print('survived')"
 
 
 def run_hook(env: dict) -> subprocess.CompletedProcess:
@@ -29,7 +29,7 @@ def test_unarmed_hook_does_nothing(monkeypatch):
     with fault_hook.fault_window("during_target_write"):
         pass
     fault_hook.fault_point("after_target_write")
-    hooks = fault_hook.FaultHooks()  # what `python -m bench.fault_pipeline` passes into the sink
+    hooks = fault_hook.FaultHooks()  # what `python -m devstack.faults.pipeline` passes into the sink
     assert hooks.cursor_store(store) is store
     with hooks.around("during_target_write"):
         pass

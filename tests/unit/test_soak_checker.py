@@ -1,4 +1,4 @@
-"""The soak's checker (`bench/chaos/checker.py`) on small Delta tables written here (parquet
+"""The soak's checker (`devstack/chaos/checker.py`) on small Delta tables written here (parquet
 files and a JSON log, no Spark) and a made-up history: a clean run passes, and each anomaly
 class is caught by itself."""
 
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.chaos.checker import FAILURES, check
-from bench.chaos.platform import Stream
-from bench.chaos.recorder import Answer, CursorSample, History
+from devstack.chaos.checker import FAILURES, check
+from devstack.chaos.platform import Stream
+from devstack.chaos.recorder import Answer, CursorSample, History
 
 TOPIC = "/default/t"
 

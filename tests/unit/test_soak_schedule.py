@@ -1,4 +1,4 @@
-"""The soak's schedule (`bench/chaos/schedule.py`): a seed names a run's faults exactly, faults
+"""The soak's schedule (`devstack/chaos/schedule.py`): a seed names a run's faults exactly, faults
 overlap only on different resources, every kind comes before any comes twice, and a fault
 kind the soak cannot make real is refused by name."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.chaos.schedule import KINDS, NOT_DONE, make_schedule, parse_kinds
+from devstack.chaos.schedule import KINDS, NOT_DONE, make_schedule, parse_kinds
 
 ALL = tuple(KINDS)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
-from bench.chaos.recorder import batch_offsets
-from bench.fault_kit import payload_id
+from devstack.chaos.recorder import batch_offsets
+from devstack.faults.kit import payload_id
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import yaml
 
-from bench.fault_kit import AckingProducer, Broker, Etcd, Pipeline, pipeline_config, poll, tally
-from bench.fault_hook import ENV_DELAY_MS, ENV_MARKERS, ENV_STEPS
+from devstack.faults.kit import AckingProducer, Broker, Etcd, Pipeline, pipeline_config, poll, tally
+from devstack.faults.hook import ENV_DELAY_MS, ENV_MARKERS, ENV_STEPS
 
 PIPELINE_TIMEOUT_S = 600.0
 
@@ -189,7 +189,7 @@ def broker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
 
 
 def driver_kill9(workdir: Path, etcd: Etcd, sizes: Sizes, steps: tuple[str, ...]) -> dict:
-    """The pipeline's driver SIGKILLed at each of `steps` of a batch (bench.fault_hook),
+    """The pipeline's driver SIGKILLed at each of `steps` of a batch (devstack.faults.hook),
     restarted until it completes. recovery_s: the last restart -> the pipeline done."""
     with Rig(workdir, etcd, "driver-kill", sizes) as rig:
         producer = rig.produce(sizes.before + sizes.after)
@@ -276,7 +276,7 @@ def lock_lease_lost(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         try:
             poll(lambda: rig.tally(config, producer.sent, producer.acked)["rows"] > 0, 300, "first rows in Delta")
             _revoke_lease_of(etcd.endpoint, lock_key)
-            code = pipe.process.wait(120)
+            code = pipe.running.wait(120)
         finally:
             pipe.kill9()
         log = pipe.log_path.read_text(errors="replace")
@@ -334,9 +334,8 @@ def _sigterm_release_s(pipe: Pipeline, store: Any, endpoint: str, lock_key: str)
         client.refresh_lease(lease_id)
         keeper.start()
         sent = time.monotonic()
-        assert pipe.process is not None
-        pipe.process.send_signal(signal.SIGTERM)
-        code = pipe.process.wait(120)
+        pipe.running.send_signal(signal.SIGTERM)
+        code = pipe.running.wait(120)
         exited = time.monotonic()
         released = client.get(lock_key)[0] is None
         stop_keeping.set()

@@ -2,7 +2,7 @@
 speedlayer ...` process, on `devstack.speedlayer_stack.EmbeddedSpeedLayer`'s configuration
 file and spawning (one master there; the second and the workers that know both are added here).
 
-`parts()` gives each process as a supervised part (`bench.chaos.supervisor.Part`) whose
+`parts()` gives each process as a supervised part (`devstack.chaos.supervisor.Part`) whose
 `start` launches it again with the same arguments, so a killed master or worker comes back
 as the same id.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from bench.chaos.schedule import MASTERS, WORKERS
-from bench.chaos.supervisor import Part
+from devstack.chaos.schedule import MASTERS, WORKERS
+from devstack.chaos.supervisor import Part
 from danube_core.ports import free_port, wait_for_port
 from devstack.speedlayer_stack import EmbeddedSpeedLayer
 

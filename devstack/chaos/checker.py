@@ -35,9 +35,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from bench.chaos.delta_read import TableRead, read_table
-from bench.chaos.platform import Stream
-from bench.chaos.recorder import History
+from devstack.chaos.delta_read import TableRead, read_table
+from devstack.chaos.platform import Stream
+from devstack.chaos.recorder import History
 
 FAILURES = ("lost", "duplicated", "inconsistent_offset", "foreign", "offset_gap", "offset_nonmonotonic",
             "batch_discontiguous", "cursor_backward",

@@ -9,9 +9,9 @@ import statistics
 from collections import defaultdict
 from typing import Callable, Iterable
 
-from bench.chaos.checker import FAILURES
-from bench.chaos.injectors import Outcome
-from bench.chaos.supervisor import Exit
+from devstack.chaos.checker import FAILURES
+from devstack.chaos.injectors import Outcome
+from devstack.chaos.supervisor import Exit
 
 
 def print_report(report: dict, outcomes: Iterable[Outcome], exits: Iterable[Exit],

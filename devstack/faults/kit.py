@@ -10,7 +10,7 @@ that counts lost and duplicated messages in Delta.
 * `TcpProxy`: a loopback TCP proxy that passes, delays every chunk, or drops connections.
 * `S3FaultProxy`: an HTTP proxy in front of moto answering 503 SlowDown, or resetting
   connections, while told to.
-* `Pipeline`: `python -m bench.fault_pipeline run <yaml>` (`python -m pipelines run` with the
+* `Pipeline`: `python -m devstack.faults.pipeline run <yaml>` (`python -m pipelines run` with the
   fault hooks passed in) in its own process group (kill -9 reaches the driver, its JVM and its
   Python workers).
 * `delta_ids` + `tally`: which message ids the target and quarantine tables hold, read from
@@ -40,14 +40,14 @@ import yaml
 
 from danube_core.embedded_etcd import etcd_binary
 from danube_core.ports import free_port, wait_for_port
+from devstack import REPO_ROOT
 from devstack.short_spark_runs import SHORT_RUN_JVM_OPTIONS
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 BAD_EVERY = 7
 T = TypeVar("T")
 
 
-def poll(check: Callable[[], T], deadline_s: float, what: str, interval_s: float = 0.05) -> T:
+def poll(check: Callable[[], T | None], deadline_s: float, what: str, interval_s: float = 0.05) -> T:
     """Call `check` until truthy (returned); TimeoutError naming `what` at the deadline."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -107,7 +107,7 @@ class Broker:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         host, etcd_port = etcd_endpoint.rsplit(":", 1)
-        config = {
+        config: dict[str, Any] = {
             "cluster_name": "FAULTS", "auto_create_topics": True, "bootstrap_namespaces": ["default"],
             "broker": {"host": "127.0.0.1", "ports": {"client": self.port, "admin": free_port()}},
             "meta_store": {"host": host, "port": int(etcd_port)},
@@ -150,7 +150,7 @@ class Broker:
 
 
 class Pipeline:
-    """`python -m bench.fault_pipeline run <yaml>` in a process group of its own."""
+    """`python -m devstack.faults.pipeline run <yaml>` in a process group of its own."""
 
     def __init__(self, config_path: Path, log_path: Path, env: dict | None = None) -> None:
         self.config_path, self.log_path, self.env = config_path, log_path, env or {}
@@ -159,17 +159,23 @@ class Pipeline:
     def start(self) -> "Pipeline":
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "bench.fault_pipeline", "run", str(self.config_path)], cwd=str(REPO_ROOT),
+                [sys.executable, "-m", "devstack.faults.pipeline", "run", str(self.config_path)], cwd=str(REPO_ROOT),
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
+    @property
+    def running(self) -> subprocess.Popen:
+        """The process `start` started."""
+        if self.process is None:
+            raise RuntimeError(f"pipeline {self.config_path} was not started")
+        return self.process
+
     def wait(self, timeout_s: float) -> int:
         """Exit code (negative: killed by that signal); the whole group is killed afterwards,
         so a driver that died leaves no JVM or Python worker behind."""
-        assert self.process is not None
         try:
-            code = self.process.wait(timeout_s)
+            code = self.running.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill9()
             raise TimeoutError(f"pipeline {self.config_path} still running after {timeout_s:.0f}s; "

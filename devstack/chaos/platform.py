@@ -1,22 +1,22 @@
 """The whole platform on this machine, started as a user would run it, for the soak.
 
-* etcd: a three-member cluster (`bench.chaos.etcd_cluster`), reached by every part through
-  one front (`bench.fault_proxies.FaultProxy` over all three members, each connection to the
+* etcd: a three-member cluster (`devstack.chaos.etcd_cluster`), reached by every part through
+  one front (`devstack.faults.proxies.FaultProxy` over all three members, each connection to the
   next member that accepts: the load balancer a broker needs, its `meta_store` naming one
   endpoint; the etcd_slow fault delays it);
 * S3: `python -m moto.server` behind a fault proxy (503 SlowDown, resets, delays);
-* two brokers (`bench.fault_kit.Broker`, durable acks) in one cluster on that S3, each WAL on
-  a tmpfs of its own when the disk_full fault may fill it (`bench.chaos.wal_disk`);
+* two brokers (`devstack.faults.kit.Broker`, durable acks) in one cluster on that S3, each WAL on
+  a tmpfs of its own when the disk_full fault may fill it (`devstack.chaos.wal_disk`);
 * topic A, three partitions, and topic B, one, each with an acking producer at a steady rate
-  (`bench.fault_kit.AckingProducer`: every ack recorded; unique ids);
+  (`devstack.faults.kit.AckingProducer`: every ack recorded; unique ids);
 * pipeline A (A into Delta, decode failures quarantined) and pipeline B (B into Delta, with a
   great-expectations rule quarantining negative amounts), `processingTime` streams run by
-  `python -m bench.fault_pipeline run` (the product's command, hooks inert), each announcing
+  `python -m devstack.faults.pipeline run` (the product's command, hooks inert), each announcing
   its commits to the speed layer;
-* the speed layer (`bench.chaos.speed`): two masters, three workers, a gateway; both target
+* the speed layer (`devstack.chaos.speed`): two masters, three workers, a gateway; both target
   tables admitted (replication 2) and followed.
 
-Every process is a supervised part (`bench.chaos.supervisor`). A part that cannot start stops
+Every process is a supervised part (`devstack.chaos.supervisor`). A part that cannot start stops
 the soak with `PartFailedError`, naming the part and why.
 """
 
@@ -34,12 +34,12 @@ from typing import Any, Callable
 
 import yaml
 
-from bench.chaos import wal_disk
-from bench.chaos.etcd_cluster import EtcdCluster
-from bench.chaos.speed import KEY_ROOT, TENANT, SoakSpeedLayer
-from bench.chaos.supervisor import Part, Supervisor
-from bench.fault_kit import BAD_EVERY, REPO_ROOT, AckingProducer, Broker, Pipeline, payload, pipeline_config, poll
-from bench.fault_proxies import FaultProxy
+from devstack.chaos import wal_disk
+from devstack.chaos.etcd_cluster import EtcdCluster
+from devstack.chaos.speed import KEY_ROOT, TENANT, SoakSpeedLayer
+from devstack.chaos.supervisor import Part, Supervisor
+from devstack.faults.kit import BAD_EVERY, REPO_ROOT, AckingProducer, Broker, Pipeline, payload, pipeline_config, poll
+from devstack.faults.proxies import FaultProxy
 from danube_core.ports import free_port, wait_for_port
 
 PARTITIONS_A = 3
@@ -96,7 +96,7 @@ class Platform:
     """Everything under `root`; `start()` brings it up in order, `stop()` takes it down."""
 
     def __init__(self, root: Path, rate_per_s: float, started: float, wal_tmpfs: bool = False) -> None:
-        """`wal_tmpfs`: each broker's WAL on a tmpfs of its own (`bench.chaos.wal_disk`), for
+        """`wal_tmpfs`: each broker's WAL on a tmpfs of its own (`devstack.chaos.wal_disk`), for
         the disk_full fault."""
         self.root = Path(root)
         self.wal_tmpfs = wal_tmpfs

@@ -18,9 +18,9 @@ import logging
 import sys
 from pathlib import Path
 
-from bench.chaos.plant import PLANTS
-from bench.chaos.run import SoakOptions, run_soak
-from bench.chaos.schedule import KINDS, NOT_DONE, parse_kinds
+from devstack.chaos.plant import PLANTS
+from devstack.chaos.run import SoakOptions, run_soak
+from devstack.chaos.schedule import KINDS, NOT_DONE, parse_kinds
 
 
 def parse_options(argv: list[str] | None = None) -> SoakOptions:

@@ -1,6 +1,6 @@
 """The fault battery's infrastructure cases: a Python worker killed mid-task, etcd killed and
 restarted or slowed past its request timeout, S3 answering 503 SlowDown and dropping
-connections, an object deleted under a running stream. Rows as in `bench.fault_cases`.
+connections, an object deleted under a running stream. Rows as in `devstack.faults.cases`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import re
 import signal
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
-from bench.fault_cases import PIPELINE_TIMEOUT_S, Rig, Sizes, edit_config, row, streaming
-from bench.fault_kit import AckingProducer, Etcd, Pipeline, delta_ids, poll
-from bench.fault_proxies import DELAY, HTTP503, PASS, RESET, FaultProxy
+from devstack.faults.cases import PIPELINE_TIMEOUT_S, Rig, Sizes, edit_config, row, streaming
+from devstack.faults.kit import AckingProducer, Etcd, Pipeline, delta_ids, poll
+from devstack.faults.proxies import DELAY, HTTP503, PASS, RESET, FaultProxy
 
 
 def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
@@ -28,11 +29,11 @@ def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
         for attempt in range(4):  # a run that ends before a worker is killed is rerun, with more to read
             pipe = Pipeline(config, config.parent / f"run-{attempt}.log").start()
             try:
-                daemon = poll(lambda p=pipe: _task_worker_daemon(p.process.pid) or p.process.poll() is not None,
-                              PIPELINE_TIMEOUT_S, "the Python task workers' daemon", 0.2)
+                daemon = poll(partial(_daemon_or_exit, pipe), PIPELINE_TIMEOUT_S, "the Python task workers' daemon",
+                              0.2)
                 victim = daemon if daemon is True else poll(
-                    lambda p=pipe, d=daemon: _kill_newest_child(d) or p.process.poll() is not None,
-                    PIPELINE_TIMEOUT_S, "a Python task worker", 0.01)
+                    partial(_killed_worker_or_exit, pipe, int(daemon)), PIPELINE_TIMEOUT_S, "a Python task worker",
+                    0.01)
             except BaseException:
                 pipe.kill9()
                 raise
@@ -58,7 +59,17 @@ def worker_kill9(workdir: Path, etcd: Etcd, sizes: Sizes) -> dict:
 def _failure_line(pipe: Pipeline) -> str:
     log = pipe.log_path.read_text(errors="replace") if pipe.log_path.exists() else ""
     return next((line.strip()[:200] for line in log.splitlines() if "ERROR pipelines" in line), "exit "
-                f"{pipe.process.returncode}")
+                f"{pipe.running.returncode}")
+
+
+def _daemon_or_exit(pipe: Pipeline) -> int | bool:
+    """The pipeline's Python task workers' daemon, True once the pipeline has exited instead."""
+    return _task_worker_daemon(pipe.running.pid) or pipe.running.poll() is not None
+
+
+def _killed_worker_or_exit(pipe: Pipeline, daemon: int) -> int | bool:
+    """A task worker of `daemon` killed (its pid), True once the pipeline has exited instead."""
+    return _kill_newest_child(daemon) or pipe.running.poll() is not None
 
 
 def _task_worker_daemon(root: int) -> int | None:
@@ -233,7 +244,7 @@ def _drain(rig: Rig, config: Path, runs: list[Pipeline], producer: AckingProduce
     """Keep the streaming pipeline running (restarted if it failed) until every acknowledged
     message is in Delta, then stop it and count."""
     def caught_up() -> bool:
-        if runs[-1].process.poll() is not None:
+        if runs[-1].running.poll() is not None:
             runs[-1].kill9()
             if len(runs) > 5:
                 raise RuntimeError(f"pipeline failed {len(runs)} times: {runs[-1].log_tail()}")
@@ -248,7 +259,7 @@ def _drain(rig: Rig, config: Path, runs: list[Pipeline], producer: AckingProduce
 
 
 def _restarts(runs: list[Pipeline]) -> str:
-    codes = [r.process.returncode for r in runs[:-1]]
+    codes = [r.running.returncode for r in runs[:-1]]
     return "pipeline ran through" if not codes else f"pipeline failed {len(codes)}x (exit {codes}), restarted"
 
 
@@ -299,7 +310,7 @@ def _object_offsets(etcd_endpoint: str, topic: str, object_name: str) -> set[int
     import subprocess
     import sys
 
-    from bench.fault_kit import REPO_ROOT
+    from devstack.faults.kit import REPO_ROOT
 
     listing = subprocess.run([sys.executable, "-m", "broker.admin", "--etcd", etcd_endpoint, "topics", "storage", topic],
                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=True).stdout

@@ -8,7 +8,7 @@ etcd member at most is down or paused, so the cluster keeps its quorum; the S3 p
 mode at a time). Each kind is drawn from a shuffled round of all the enabled kinds, so a short
 run still meets every kind once before any kind comes twice.
 
-Pure: no clock, no processes; `bench.chaos.injectors` carries the events out.
+Pure: no clock, no processes; `devstack.chaos.injectors` carries the events out.
 """
 
 from __future__ import annotations

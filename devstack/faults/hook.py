@@ -1,7 +1,7 @@
 """A test hook: SIGKILL the driver at a named step of a batch, once. Inert unless armed.
 
 The fault battery (`bench/faults.py`) and its tests arm it through the environment of a
-`python -m bench.fault_pipeline run` process (`python -m pipelines run` with `FaultHooks`
+`python -m devstack.faults.pipeline run` process (`python -m pipelines run` with `FaultHooks`
 passed in as the sink's `pipelines.batch_hooks.BatchHooks`), to prove the sink's order
 (target, quarantine, then the cursor) is exactly-once whichever step a crash interrupts:
 

@@ -1,4 +1,4 @@
-"""Carrying out the schedule (`bench.chaos.schedule`) on the running platform: each event in a
+"""Carrying out the schedule (`devstack.chaos.schedule`) on the running platform: each event in a
 thread of its own (so faults overlap as scheduled), then a recovery probe that waits for what
 the fault stopped to work again.
 
@@ -8,9 +8,9 @@ send since), `commits` (every pipeline committed a Delta version since), `answer
 gateway answered each dataset since), `fresh` (a newer epoch became READY for each dataset).
 With faults overlapping, a recovery includes waiting out the others: figures are upper bounds.
 
-The fault machinery is the battery's: the proxies (`bench.fault_proxies`), the subscription
-lock revocation (`bench.fault_cases._revoke_lease_of`), the Python task worker kill
-(`bench.fault_cases_infra`), the broker CLI's `topics unload` for a move.
+The fault machinery is the battery's: the proxies (`devstack.faults.proxies`), the subscription
+lock revocation (`devstack.faults.cases._revoke_lease_of`), the Python task worker kill
+(`devstack.faults.cases_infra`), the broker CLI's `topics unload` for a move.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from bench.chaos import wal_disk
-from bench.chaos.platform import Platform, _admin
-from bench.chaos.recorder import History
-from bench.chaos.schedule import FaultEvent
-from bench.fault_cases import _revoke_lease_of
-from bench.fault_cases_infra import _kill_newest_child, _task_worker_daemon
-from bench.fault_kit import poll
-from bench.fault_proxies import DELAY, HTTP503, PASS, RESET
+from devstack.chaos import wal_disk
+from devstack.chaos.platform import Platform, _admin
+from devstack.chaos.recorder import History
+from devstack.chaos.schedule import FaultEvent
+from devstack.faults.cases import _revoke_lease_of
+from devstack.faults.cases_infra import _kill_newest_child, _task_worker_daemon
+from devstack.faults.kit import poll
+from devstack.faults.proxies import DELAY, HTTP503, PASS, RESET
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@
   they hold at that moment (read after the cursor, so a cursor past them is a real anomaly);
 * when each Delta version was first seen (recovery probes wait for commits).
 
-The producers' acks are the producers' own (`bench.fault_kit.AckingProducer`). The recorders
+The producers' acks are the producers' own (`devstack.faults.kit.AckingProducer`). The recorders
 read etcd directly on all three members, not through the front the platform uses, so a
 slowed front does not slow the record.
 """
@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.chaos.platform import Stream
-from bench.chaos.speed import KEY_ROOT, TENANT
+from devstack.chaos.platform import Stream
+from devstack.chaos.speed import KEY_ROOT, TENANT
 
 SQL = "SELECT count(*) AS row_count, coalesce(sum(n), 0) AS n_total FROM {dataset}"
 

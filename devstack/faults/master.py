@@ -1,4 +1,4 @@
-"""`python -m bench.fault_master [--pause-after-planned-s S] master --config ...`: `python -m
+"""`python -m devstack.faults.master [--pause-after-planned-s S] master --config ...`: `python -m
 speedlayer master` with the failover tests' admission hook passed in.
 
 With `--pause-after-planned-s`, the leader's admissions wait that long after their epoch is
@@ -35,7 +35,7 @@ class PauseAfterPlanned(AdmissionHooks):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.fault_master", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m devstack.faults.master", description=__doc__.splitlines()[0])
     parser.add_argument("--pause-after-planned-s", type=float, default=0.0,
                         help="seconds the leader waits between PLANNED and assigning an admission's epoch")
     process.add_parser(parser.add_subparsers(dest="command", required=True))

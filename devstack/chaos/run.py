@@ -14,15 +14,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from bench.chaos.checker import Verdict, check
-from bench.chaos.injectors import Injector
-from bench.chaos.plant import plant
-from bench.chaos.platform import Platform, PartFailedError
-from bench.chaos.recorder import History, Recorder
-from bench.chaos.report import machine_cpu_s, print_report
-from bench.chaos.schedule import make_schedule
-from bench.fault_kit import poll, tally
-from bench.fault_proxies import PASS
+from devstack.chaos.checker import Verdict, check
+from devstack.chaos.injectors import Injector
+from devstack.chaos.plant import plant
+from devstack.chaos.platform import Platform, PartFailedError
+from devstack.chaos.recorder import History, Recorder
+from devstack.chaos.report import machine_cpu_s, print_report
+from devstack.chaos.schedule import make_schedule
+from devstack.faults.kit import poll, tally
+from devstack.faults.proxies import PASS
 
 AFTER_HEAL_QUERIES = 10
 

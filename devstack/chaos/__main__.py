@@ -1,0 +1,7 @@
+"""`python -m devstack.chaos`: the soak, as `python bench/soak.py`."""
+
+import sys
+
+from devstack.chaos.cli import main
+
+sys.exit(main())
