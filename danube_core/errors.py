@@ -99,6 +99,12 @@ class DataLossError(DanubeError):
     """
 
 
+class TopicDeletedError(DanubeError):
+    """A topic a reader follows was deleted (its namespace-index entry is gone). Not retriable as
+    such: the reader stops there until the topic is created anew (a dataset's tail says so in
+    its state while its epoch keeps answering)."""
+
+
 class ConfigError(DanubeError, ValueError):
     """A configuration value or option is invalid; names the option, the value and what is accepted."""
 

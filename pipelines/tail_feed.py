@@ -151,12 +151,26 @@ class TailFeed:
         once one of them is beyond it or `wait_s` has passed (the follower's long poll: a look at
         the head reads the scope's cache and the WAL bytes added since, well under a millisecond,
         where a request from the worker every few milliseconds cost both processes a core's fifth)."""
+        self._refuse_deleted(topics)
         deadline = time.monotonic() + wait_s
         while True:
             latest = self._catalog.latest_offsets(topics)
             if above is None or any(n > above.get(t, n) for t, n in latest.items()) or time.monotonic() >= deadline:
                 return latest
             time.sleep(HEAD_POLL_S)
+
+    def _refuse_deleted(self, topics: list[str]) -> None:
+        """Raise `TopicDeletedError` for a topic deleted since the tail began following it: the
+        broker drops its keys and WAL, and without this the head would look unchanged and the
+        tail say `following` for ever (the namespace index is in the scope's watched cache, so
+        this costs no etcd request)."""
+        from danube_core.errors import TopicDeletedError
+        from danube_core.keys import namespace_topic_key
+
+        gone = sorted(set(topics) - self._catalog.indexed(topics))
+        if gone:
+            raise TopicDeletedError(f"topic {gone[0]} was deleted (its namespace-index entry "
+                                    f"{namespace_topic_key(gone[0])} is gone): the tail reads it no more")
 
     def read(self, start: Mapping[str, int], end: Mapping[str, int]) -> TailBatch:
         """`[start[t], end[t])` of each topic, read, decoded and split; raises `DataLossError`
