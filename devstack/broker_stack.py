@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -62,13 +63,7 @@ class EmbeddedStack:
     def start(self) -> "EmbeddedStack":
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.etcd = EmbeddedEtcd(data_dir=str(self.data_dir / "etcd"))
-        log = open(self.data_dir / "broker.log", "ab")
-        self.broker = subprocess.Popen(
-            [sys.executable, "-m", "broker", "--config", str(BROKER_CONFIG)],
-            cwd=str(REPO_ROOT), env=self._broker_env(), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,  # a terminal's Ctrl-C reaches the demo, which stops this in order
-        )
-        log.close()
+        self._start_broker()
         try:
             self._wait_ready()
         except BaseException:
@@ -77,6 +72,24 @@ class EmbeddedStack:
         logger.info("embedded stack up: etcd %s, broker %s, data in %s",
                     self.etcd_endpoint, self.service_url, self.data_dir)
         return self
+
+    def _start_broker(self) -> None:
+        log = open(self.data_dir / "broker.log", "ab")
+        self.broker = subprocess.Popen(
+            [sys.executable, "-m", "broker", "--config", str(BROKER_CONFIG)],
+            cwd=str(REPO_ROOT), env=self._broker_env(), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the demo, which stops this in order
+        )
+        log.close()
+
+    def restart_broker(self, sig: int = signal.SIGKILL) -> None:
+        """Stop the broker with `sig` (SIGKILL: as a crash) and start it again on the same WAL,
+        ports and etcd; returns once its client port is open again."""
+        assert self.broker is not None, "stack not started"
+        self.broker.send_signal(sig)
+        self.broker.wait(30)
+        self._start_broker()
+        self._wait_ready()
 
     def _broker_env(self) -> dict[str, str]:
         host, port = self.etcd_endpoint.rsplit(":", 1)
