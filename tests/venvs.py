@@ -129,6 +129,29 @@ def declared_requirements(extras: list[str]) -> list[str]:
     return sorted(set(found))
 
 
+COMPILERS = ("cc", "gcc", "c++", "g++")
+
+
+def pyenv_python(minor: str) -> Path | None:
+    """pyenv's newest interpreter of Python `minor` ("3.12"), None where pyenv has none."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found = root.glob(f"versions/{minor}.*/bin/python")
+    return max(found, key=lambda p: [int(x) for x in p.parts[-3].split(".") if x.isdigit()], default=None)
+
+
+def without_toolchain(work: Path) -> dict[str, str]:
+    """An environment with no C compiler (stand-ins in `work` that fail, as a missing one does)
+    and no cargo: what a user without a toolchain builds the project in."""
+    stand_ins = work / "no-toolchain"
+    stand_ins.mkdir(parents=True, exist_ok=True)
+    for name in COMPILERS:
+        (stand_ins / name).write_text(f"#!/bin/sh\necho '{name}: not installed' >&2\nexit 127\n")
+        (stand_ins / name).chmod(0o755)
+    path = [d for d in clean_env()["PATH"].split(os.pathsep) if not (Path(d) / "cargo").exists()]
+    env = {k: v for k, v in clean_env().items() if k not in ("CC", "CXX", "LDSHARED", "CARGO")}
+    return {**env, "PATH": os.pathsep.join([str(stand_ins), *path])}
+
+
 def constraints_without(*packages: str) -> list[str]:
     """constraints.txt's pins, less those of `packages` (a venv pins its own Spark)."""
     lines = (REPO_ROOT / "constraints.txt").read_text().splitlines()

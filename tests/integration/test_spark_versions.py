@@ -2,8 +2,10 @@
 it; the `spark-line:` comments there name the others, with the Delta release for each).
 
 Each line gets a venv of its own (cached: `tests.venvs`), holding that pyspark, its Delta where
-one exists and the project's wheel with the `connector` and `pipelines` extras, installed as a
-user installs it. There, `tests/spark_version_smoke.py` reads a topic whose first messages are
+one exists and the project with the `connector` and `pipelines` extras, installed as a user
+installs it: the suite's built wheel, or, on a line naming a Python minor, the project's source
+built with no C compiler and no cargo on the PATH (the pure decoder, no native front), on that
+Python. There, `tests/spark_version_smoke.py` reads a topic whose first messages are
 in objects and the rest only in the WAL, with no registration call: a batch read, an
 availableNow stream, run again after more messages (exactly the new ones), a per-trigger limit
 (refused by name where Spark cannot honour it), and the orders pipeline into Delta where Delta
@@ -29,7 +31,8 @@ from devstack import REPO_ROOT
 from devstack.demo import ORDER_SCHEMA, sample_orders
 from tests.pipeline_files import orders_pipeline_file
 from tests.topic_builder import TopicBuilder
-from tests.venvs import built_wheel, cached_venv, clean_env, constraints_without, declared_requirements, pip_into, run
+from tests.venvs import (built_wheel, cached_venv, clean_env, constraints_without, declared_requirements, pip_into,
+                         pyenv_python, run, source_copy, without_toolchain)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -37,13 +40,14 @@ SMOKE = Path(__file__).resolve().parents[1] / "spark_version_smoke.py"
 UPLOADED, TAIL, MORE = 20, 5, 7  # messages in objects, then in the WAL; appended between the runs
 
 
-def spark_lines() -> list[tuple[str, str | None]]:
-    """(pyspark, delta-spark or None) of each `# spark-line:` comment in constraints.txt."""
+def spark_lines() -> list[tuple[str, str | None, str | None]]:
+    """(pyspark, delta-spark or None, Python minor or None) of each `# spark-line:` comment in
+    constraints.txt."""
     lines = []
     for line in (REPO_ROOT / "constraints.txt").read_text().splitlines():
         if line.startswith("# spark-line:"):
             pins = dict(pin.split("==") for pin in line.split(":", 1)[1].split())
-            lines.append((pins["pyspark"], pins.get("delta-spark")))
+            lines.append((pins["pyspark"], pins.get("delta-spark"), pins.get("python")))
     return lines
 
 
@@ -60,6 +64,7 @@ def wheel() -> Path:
 
 
 def _venv(pyspark: str, delta: str | None, wheel: Path, extras: str = "connector,pipelines", name: str = "") -> Path:
+    """The line's venv on the suite's Python with `wheel` installed."""
     spark_pins = [f"pyspark=={pyspark}"] + ([f"delta-spark=={delta}"] if delta else [])
     venv = cached_venv(f"pyspark-{pyspark}{'-' + name if name else ''}", [*spark_pins, f"{wheel}[{extras}]"],
                        constraints_without("pyspark", "delta-spark"),
@@ -67,6 +72,30 @@ def _venv(pyspark: str, delta: str | None, wheel: Path, extras: str = "connector
     # The wheel of this run, over whatever wheel the venv was made with.
     run(*pip_into(venv / "bin" / "python"), "install", "--quiet", "--no-compile", "--no-deps", "--force-reinstall",
         str(wheel), cwd=venv, env=clean_env())
+    return venv
+
+
+def _venv_from_source(pyspark: str, delta: str | None, python: str, work: Path,
+                      extras: str = "connector,pipelines") -> Path:
+    """The line's venv on pyenv's Python `python`, holding what `extras` require (cached), with
+    the project installed from a copy of its source with no compiler and no cargo on the PATH.
+    Python 3.10 takes what setup.cfg's ranges allow (constraints.txt pins numpy 2.4, which
+    needs 3.11)."""
+    interpreter = pyenv_python(python)
+    if interpreter is None:
+        pytest.skip(f"no Python {python} under pyenv")
+    spark_pins = [f"pyspark=={pyspark}"] + ([f"delta-spark=={delta}"] if delta else [])
+    requirements = [*spark_pins, *declared_requirements(extras.split(","))]
+    constraints = [] if python == "3.10" else constraints_without("pyspark", "delta-spark")
+    venv = cached_venv(f"pyspark-{pyspark}-py{python}", requirements, constraints, keyed_by="\n".join(requirements),
+                       interpreter=interpreter)
+    source = source_copy(work / "source")
+    run(*pip_into(venv / "bin" / "python"), "install", "--quiet", "--no-compile", "--no-deps", "--force-reinstall",
+        str(source), cwd=work, env=without_toolchain(work))
+    probe = ("import importlib.util as u; from danube_core import arrow_decode; "
+             "print(arrow_decode.FRAME_DECODER.__name__, u.find_spec('broker._grpc_front'))")
+    assert run(str(venv / "bin" / "python"), "-c", probe, cwd=work, env=clean_env(venv)).split() == [
+        "danube_core.pure_decode", "None"]
     return venv
 
 
@@ -83,9 +112,11 @@ def _delta_rows(table: Path) -> int:
     return DeltaTable(str(table)).to_pyarrow_table().num_rows
 
 
-@pytest.mark.parametrize("pyspark, delta", spark_lines(), ids=[f"spark-{p}" for p, _ in spark_lines()])
-def test_a_spark_line_reads_streams_and_lands_in_delta(pyspark, delta, wheel, etcd_endpoint, tmp_path, unique_name):
-    venv = _venv(pyspark, delta, wheel)
+@pytest.mark.parametrize("pyspark, delta, python", spark_lines(),
+                         ids=[f"spark-{p}" + (f"-py{py}-source" if py else "") for p, _, py in spark_lines()])
+def test_a_spark_line_reads_streams_and_lands_in_delta(pyspark, delta, python, wheel, etcd_endpoint, tmp_path,
+                                                       unique_name):
+    venv = _venv(pyspark, delta, wheel) if python is None else _venv_from_source(pyspark, delta, python, tmp_path)
     python = venv / "bin" / "python"
     store = ObjectStore(str(tmp_path / "objects"))
     subject = unique_name("smoke-orders")
@@ -160,7 +191,7 @@ def test_the_notebooks_run_on_the_lowest_spark_line(wheel) -> None:
     """tests/spark/test_notebooks.py, unchanged, in a venv of the lowest Spark line with Delta
     (Databricks Runtime 17.3 LTS's Spark 4.0), with the suite's own rig: its etcd, moto S3 and
     a Spark session of that line with Delta."""
-    pyspark, delta = min(((p, d) for p, d in spark_lines() if d), key=lambda line: _minor(line[0]))
+    pyspark, delta = min(((p, d) for p, d, _ in spark_lines() if d), key=lambda line: _minor(line[0]))
     venv = _venv(pyspark, delta, wheel, extras="connector,pipelines,speedlayer,test", name="notebooks")
     env = {**clean_env(venv), "PYTHONPATH": str(REPO_ROOT), "DANUBE_TEST_JVM_ARCHIVE": "0"}
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -177,7 +208,7 @@ def test_every_spark_line_names_its_delta_as_the_pipelines_do() -> None:
     """constraints.txt's spark lines and `pipelines.session.DELTA_FOR_SPARK` say the same."""
     from pipelines.session import DELTA_FOR_SPARK
 
-    for pyspark, delta in spark_lines():
+    for pyspark, delta, _ in spark_lines():
         minor = ".".join(pyspark.split(".")[:2])
         assert DELTA_FOR_SPARK.get(minor) == delta, (pyspark, delta)
 
@@ -185,4 +216,4 @@ def test_every_spark_line_names_its_delta_as_the_pipelines_do() -> None:
 def test_the_pinned_spark_is_not_repeated_as_a_spark_line() -> None:
     pinned = next(line.split("==")[1] for line in (REPO_ROOT / "constraints.txt").read_text().splitlines()
                   if line.startswith("pyspark=="))
-    assert all(_minor(p) != _minor(pinned) for p, _ in spark_lines())
+    assert all(_minor(p) != _minor(pinned) for p, _, _ in spark_lines())

@@ -9,9 +9,9 @@
   availableNow stream (other Spark lines: test_spark_versions.py).
 
 Without a C compiler and without cargo (stand-ins that fail on PATH, cargo off it) the build
-goes on without either extension and says so once each; `pip install <source>[connector]` then
-works in fresh venvs of Python 3.10 and 3.12 (pyenv's, skipped where missing), whose Spark reads
-the same kind of topic with the pure decoder.
+goes on without either extension and says so once each. Installed from source that way, on
+Python 3.12 and 3.10, the project reads topics and lands them in Delta with the pure decoder:
+the Spark lines that name a Python run so (test_spark_versions.py).
 
 Cost: each venv starts as a hard-linked copy of one holding just the pinned pyspark, made once
 per interpreter (`tests.venvs.cached_venv`), so a run installs only the project and what it
@@ -21,7 +21,6 @@ needs; pip's cache holds the rest after the first run.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import zipfile
@@ -33,13 +32,10 @@ from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.objectstore import ObjectStore
 from devstack import REPO_ROOT
 from tests.topic_builder import TopicBuilder
-from tests.venvs import built_wheel, cached_venv, clean_env, pip_into, run, source_copy, venv_copy
+from tests.venvs import built_wheel, cached_venv, clean_env, pip_into, run, source_copy, venv_copy, without_toolchain
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
-# Python minors a source install without a toolchain is checked on (pyenv's interpreters).
-NO_TOOLCHAIN_PYTHONS = ("3.10", "3.12")
-COMPILERS = ("cc", "gcc", "c++", "g++")
 
 READ_TOPIC = r"""
 import json, sys
@@ -104,7 +100,7 @@ def test_connector_extra_keeps_the_installed_pyspark_and_reads_a_topic(wheel, et
     # copy of pip; `--no-compile` spares byte-compiling some 30 packages (botocore, pandas,
     # pyarrow...) ahead of use. Together about half of this test's CPU time; what is installed,
     # and how pip resolves it, is the same.
-    venv = _venv_with_pyspark(sys.executable, tmp_path)
+    venv = _venv_with_pyspark(tmp_path)
     python = venv / "bin" / "python"
     pip = pip_into(python)
     constraints = str(REPO_ROOT / "constraints.txt")
@@ -118,16 +114,13 @@ def test_connector_extra_keeps_the_installed_pyspark_and_reads_a_topic(wheel, et
     _read_topic_in(venv, etcd_endpoint, tmp_path, f"/default/{unique_name('wheel')}")
 
 
-def _venv_with_pyspark(interpreter: str, tmp_path: Path) -> Path:
-    """A fresh venv of `interpreter` holding the pinned pyspark and nothing else, as a user's
-    Spark environment has it: a copy of one made once per interpreter and pin (`cached_venv`),
-    so each run spares pyspark's install. Python 3.10 takes what setup.cfg's ranges allow, as
-    constraints.txt pins numpy 2.4, which needs Python >= 3.11."""
-    minor = run(interpreter, "-c", "import sys; print('%d.%d' % sys.version_info[:2])", cwd=tmp_path).strip()
-    pins = [] if minor == "3.10" else [line for line in (REPO_ROOT / "constraints.txt").read_text().splitlines()
-                                       if line and not line.startswith("#")]
-    base = cached_venv(f"pyspark-only-py{minor}", [_constraint("pyspark")], pins, keyed_by=_constraint("pyspark"),
-                       interpreter=Path(interpreter))
+def _venv_with_pyspark(tmp_path: Path) -> Path:
+    """A fresh venv holding the pinned pyspark and nothing else, as a user's Spark environment
+    has it: a copy of one made once (`cached_venv`), so each run spares pyspark's install."""
+    pins = [line for line in (REPO_ROOT / "constraints.txt").read_text().splitlines()
+            if line and not line.startswith("#")]
+    minor = "%d.%d" % sys.version_info[:2]
+    base = cached_venv(f"pyspark-only-py{minor}", [_constraint("pyspark")], pins, keyed_by=_constraint("pyspark"))
     return venv_copy(base, tmp_path / "venv")
 
 
@@ -148,28 +141,10 @@ def _read_topic_in(venv: Path, etcd_endpoint: str, tmp_path: Path, name: str) ->
     assert read["streamed"] == list(range(25))  # an availableNow stream of the same topic
 
 
-def _pyenv_python(minor: str) -> Path | None:
-    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-    found = root.glob(f"versions/{minor}.*/bin/python")
-    return max(found, key=lambda p: [int(x) for x in p.parts[-3].split(".") if x.isdigit()], default=None)
-
-
-def _without_toolchain(tmp_path: Path) -> dict[str, str]:
-    """An environment with no C compiler (stand-ins that fail, as a missing one does) and no cargo."""
-    stand_ins = tmp_path / "no-toolchain"
-    stand_ins.mkdir(exist_ok=True)
-    for name in COMPILERS:
-        (stand_ins / name).write_text(f"#!/bin/sh\necho '{name}: not installed' >&2\nexit 127\n")
-        (stand_ins / name).chmod(0o755)
-    path = [d for d in clean_env()["PATH"].split(os.pathsep) if not (Path(d) / "cargo").exists()]
-    env = {k: v for k, v in clean_env().items() if k not in ("CC", "CXX", "LDSHARED", "CARGO")}
-    return {**env, "PATH": os.pathsep.join([str(stand_ins), *path])}
-
-
 def test_build_without_compiler_or_cargo_goes_on_and_says_so_once(tmp_path):
     source = source_copy(tmp_path / "source")
     done = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", str(tmp_path / "lib")],
-                          cwd=source, env=_without_toolchain(tmp_path), capture_output=True, text=True, timeout=300)
+                          cwd=source, env=without_toolchain(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     for skipped in ("skipping its C frame decoder (danube_core._fastdecode)",
                     "skipping the broker's native front (broker._grpc_front, Rust)"):
@@ -178,28 +153,3 @@ def test_build_without_compiler_or_cargo_goes_on_and_says_so_once(tmp_path):
     assert "pure-Python decoder" in done.stdout and "~300 µs of CPU per SendMessage" in done.stdout
     assert "Traceback" not in done.stderr
     assert not list((tmp_path / "lib").rglob("*.so"))
-
-
-@pytest.fixture(scope="module")
-def source_tree(tmp_path_factory) -> Path:
-    return source_copy(tmp_path_factory.mktemp("source"))
-
-
-@pytest.mark.parametrize("minor", NO_TOOLCHAIN_PYTHONS)
-def test_source_install_without_toolchain_reads_a_topic_with_the_pure_decoder(
-        minor, source_tree, etcd_endpoint, tmp_path, unique_name):
-    interpreter = _pyenv_python(minor)
-    if interpreter is None:
-        pytest.skip(f"no Python {minor} under pyenv")
-    venv = _venv_with_pyspark(str(interpreter), tmp_path)
-    python = venv / "bin" / "python"
-    pip = pip_into(python)
-    # constraints.txt pins numpy 2.4, which needs Python >= 3.11: 3.10 takes what setup.cfg's ranges allow
-    pins = ["-c", str(REPO_ROOT / "constraints.txt")] if minor != "3.10" else []
-    run(*pip, "install", "--quiet", "--no-compile", *pins, f"{source_tree}[connector]", cwd=tmp_path,
-         env=_without_toolchain(tmp_path))
-    probe = ("import importlib.util as u; from danube_core import arrow_decode; "
-             "print(arrow_decode.FRAME_DECODER.__name__, u.find_spec('broker._grpc_front'))")
-    assert run(str(python), "-c", probe, cwd=tmp_path, env=clean_env(venv)).split() == [
-        "danube_core.pure_decode", "None"]
-    _read_topic_in(venv, etcd_endpoint, tmp_path, f"/default/{unique_name('pure')}")
