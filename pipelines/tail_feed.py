@@ -111,6 +111,7 @@ class TailFeed:
             raise
         self._catalog = new_catalog(self.options, CachedMetadataStore(self._metadata, self._scope.cache))
         self._topics_of = topics_of
+        self._indexed: set[str] = set()  # topics the namespace index has listed while the tail followed them
         subject = config.decode.subject
         self.decoder = Decoder(config.decode, SubjectSchemas(self._metadata, subject) if subject else None)
         self._gate: QualityGate | None = None
@@ -167,7 +168,9 @@ class TailFeed:
         from danube_core.errors import TopicDeletedError
         from danube_core.keys import namespace_topic_key
 
-        gone = sorted(set(topics) - self._catalog.indexed(topics))
+        present = self._catalog.indexed(topics)
+        self._indexed |= present
+        gone = sorted(self._indexed.intersection(topics) - present)  # as the stream: listed once, now gone
         if gone:
             raise TopicDeletedError(f"topic {gone[0]} was deleted (its namespace-index entry "
                                     f"{namespace_topic_key(gone[0])} is gone): the tail reads it no more")
