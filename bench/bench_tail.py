@@ -45,6 +45,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from common import Column, machine_info, print_table, run_in_workdir, tree_cpu_s, write_results  # noqa: E402
 
+from devstack.pipeline_process import tail_process  # noqa: E402
+
 DATASET, TOPIC = "orders", "/default/tail-bench"
 MAX_IN_FLIGHT = 64
 GOAL_P50_S, GOAL_P99_S = 0.3, 1.0
@@ -148,20 +150,6 @@ def pipeline_file(stack, work: Path) -> dict:
         "speedlayer": {"tenant": "acme", "dataset": DATASET, "etcd_endpoints": stack.etcd_endpoint,
                        "key_root": "/speedlayer"},
     }
-
-
-def tail_process(worker: int) -> int | None:
-    """The worker's tail process (`python -m pipelines tail`), None when it runs none."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                command = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if parent == worker and b"pipelines" in command and b"tail" in command:
-                return int(entry.name)
-    return None
 
 
 def measure(label: str, stack, layer, first: int, args: argparse.Namespace) -> dict:

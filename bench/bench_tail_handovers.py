@@ -30,13 +30,11 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -114,19 +112,6 @@ def pipeline_file(stack, root: Path) -> dict:
     }
 
 
-def tail_process(worker: int) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                command = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if parent == worker and b"pipelines" in command and b"tail" in command:
-                return int(entry.name)
-    return None
-
-
 def wait(check, deadline_s: float, what: str):
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -172,6 +157,7 @@ def run(work: Path, args: argparse.Namespace) -> dict:
     from danube_core.metadata_etcd import EtcdMetadataStore
     from danube_core.schema_registry import register_schema
     from devstack.broker_stack import EmbeddedStack
+    from devstack.pipeline_process import start_pipeline, stop_pipeline, tail_process
     from devstack.speedlayer_stack import EmbeddedSpeedLayer
     from speedlayer.clients.query_client import QueryClient
 
@@ -179,12 +165,8 @@ def run(work: Path, args: argparse.Namespace) -> dict:
         with EtcdMetadataStore(stack.etcd_endpoint) as metadata:
             register_schema(metadata, NAME, "JsonSchema", json.dumps(SCHEMA))
         data = pipeline_file(stack, work)
-        file = work / f"{NAME}.yaml"
-        file.write_text(yaml.safe_dump(data))
         producer = Producer(stack.service_url, args.rate).start()
-        with (work / "pipeline.log").open("w") as log:
-            driver = subprocess.Popen([sys.executable, "-m", "pipelines", "run", str(file)], cwd=str(REPO),
-                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        driver = start_pipeline(data, work)
         layer = EmbeddedSpeedLayer(work / "speedlayer", stack.etcd_endpoint, tenant="acme")
         answers: list[dict] = []
         events: list[dict] = []
@@ -245,16 +227,7 @@ def run(work: Path, args: argparse.Namespace) -> dict:
                 answers.append(final)
         finally:
             producer.stop()
-            if driver.poll() is None:
-                driver.terminate()
-                try:
-                    driver.wait(60)
-                except subprocess.TimeoutExpired:
-                    pass
-            try:
-                os.killpg(driver.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            stop_pipeline(driver)
             layer.stop()
     found = check(answers)
     states = sorted({a["state"].split(":", 1)[0] for a in answers})

@@ -20,19 +20,16 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.schema_registry import register_schema
-from devstack import REPO_ROOT
 from devstack.broker_stack import EmbeddedStack
+from devstack.pipeline_process import start_pipeline, stop_pipeline, tail_process
 from devstack.speedlayer_stack import EmbeddedSpeedLayer
 from speedlayer.clients.query_client import QueryClient
 from tests.rig import eventually
@@ -105,20 +102,6 @@ class Producer:
         await producer.close()
 
 
-def tail_process(worker: int) -> int:
-    """The worker's tail process (`python -m pipelines tail`)."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                command = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if parent == worker and b"pipelines" in command and b"tail" in command:
-                return int(entry.name)
-    raise AssertionError(f"worker {worker} runs no tail process")
-
-
 def pipeline_file(stack: EmbeddedStack, root: Path, name: str, topic: str) -> dict:
     return {
         "name": name,
@@ -133,30 +116,6 @@ def pipeline_file(stack: EmbeddedStack, root: Path, name: str, topic: str) -> di
         "speedlayer": {"tenant": "acme", "dataset": name, "etcd_endpoints": stack.etcd_endpoint,
                        "key_root": "/speedlayer"},
     }
-
-
-def start_pipeline(data: dict, root: Path) -> subprocess.Popen:
-    """`python -m pipelines run` on `data`, in a process group of its own (its JVM and workers)."""
-    file = root / f"{data['name']}.yaml"
-    file.write_text(yaml.safe_dump(data))
-    with (root / "pipeline.log").open("w") as log:
-        return subprocess.Popen([sys.executable, "-m", "pipelines", "run", str(file)], cwd=str(REPO_ROOT),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop_pipeline(driver: subprocess.Popen) -> None:
-    """SIGTERM (the pipeline stops its query and Spark), its process group killed if it hangs."""
-    if driver.poll() is None:
-        driver.terminate()
-        try:
-            driver.wait(60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(driver.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    driver.wait(30)
 
 
 def test_answers_are_a_growing_gap_free_prefix_across_hand_overs(tmp_path, unique_name):
@@ -196,7 +155,7 @@ def test_answers_are_a_growing_gap_free_prefix_across_hand_overs(tmp_path, uniqu
                     if not epochs or epochs[-1] != answers[-1]["epoch"]:
                         epochs.append(answers[-1]["epoch"])
                     if not killed and len(epochs) >= 2:
-                        killed = tail_process(worker)
+                        killed = tail_process(worker) or pytest.fail(f"worker {worker} runs no tail process")
                         os.kill(killed, signal.SIGKILL)
                     time.sleep(0.02)  # pacing, not waiting: asking back to back only costs CPU
                 eventually(lambda: tail_process(worker) != killed, deadline_s=60)  # started anew
