@@ -98,6 +98,17 @@ def frame_sizes(data: bytes) -> list[int]:
     return [f.end_pos - f.frame_pos for f in scan_frames(data).frames]
 
 
+class _ListingHook:
+    """An object store whose `list_objects` is replaced (everything else passes through)."""
+
+    def __init__(self, inner: ObjectStore, list_objects) -> None:
+        self._inner = inner
+        self.list_objects = list_objects
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
 class UploaderContract:
     """Behaviour every (object store, metadata store) pair must show. Needs a `backend` fixture."""
 
@@ -215,6 +226,38 @@ class UploaderContract:
         assert spans == [(0, 4), (5, 9)]
         assert b"".join(self.object_bytes(backend, topic, d.object_id)
                         for d in self.descriptors(backend, topic)) == data
+
+    def test_objects_another_broker_describes_while_the_bucket_is_listed_are_kept(self, backend, topic):
+        """Found by the soak: a restarted broker's uploader, recovering a topic the leader had just
+        given another broker, read the last descriptor, then listed the bucket (slowly) while the
+        other owner uploaded and described the next offsets, and deleted those objects as
+        undescribed. The other owner is stood in for by a second uploader of the same WAL, run
+        when the bucket is listed."""
+        clock = FakeClock()
+        with self.open_wal(backend, topic) as wal:
+            append_messages(wal, topic.broker_name, range(5))
+            wal.flush()
+            self.uploader(backend, topic, wal, clock).run_cycle()
+            append_messages(wal, topic.broker_name, range(5, 8))
+            wal.flush()
+            other = self.uploader(backend, topic, wal, FakeClock(T0 + 10))
+            listed = backend.store.list_objects
+
+            def list_while_the_other_uploads(name):
+                if other is not None and not self.descriptors_past(backend, topic, 4):
+                    other.run_cycle()
+                return listed(name)
+
+            store = _ListingHook(backend.store, list_while_the_other_uploads)
+            restarted = Uploader(topic, wal, store, backend.metadata, backend.keys, clock=clock, durable=False)
+            with pytest.raises(MetadataError, match="refusing to overwrite"):  # the offsets are the other's now
+                restarted.run_cycle()
+        described = {d.object_id for d in self.descriptors(backend, topic)}
+        assert f"data-5-{T0 + 10}.dnb1" in described
+        assert described <= set(backend.store.list_objects(topic)), "a described object was deleted"
+
+    def descriptors_past(self, backend: Backend, topic: TopicName, offset: int) -> list[ObjectDescriptor]:
+        return [d for d in self.descriptors(backend, topic) if d.start_offset > offset]
 
     def test_failed_commit_in_a_running_uploader_is_redone_under_a_new_id(self, backend, topic):
         clock = FakeClock()
