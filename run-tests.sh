@@ -23,12 +23,6 @@ fi
 # faults) runs alone after the others when the whole suite runs: beside them it pushed the load
 # past what Spark waits for a new Python worker to connect back (a Spark-line test failed so
 # in one run). With arguments, it is selected like any other test.
-# The JVMs the tests start (the Spark session, each pipeline process, the Spark lines, the
-# standalone cluster) live seconds to minutes and are mostly start-up: with C2 and G1, a pipeline
-# process's JVM took 42-47 CPU s, with C1 alone and the serial collector 24-28 (wall 37 -> 28 s).
-# The tests check what the code does, not how fast C2 makes it (bench/ runs with the JVM's
-# defaults). The java launcher reads JDK_JAVA_OPTIONS; a caller's own value is kept, after ours.
-export JDK_JAVA_OPTIONS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC${JDK_JAVA_OPTIONS:+ $JDK_JAVA_OPTIONS}"
 POOL=(python3 -m pytest -q --durations=20 -n "${DANUBE_TEST_WORKERS:-4}" --dist loadgroup
       --deselect tests/spark/test_notebooks.py)
 if [[ $# -eq 0 ]]; then
