@@ -62,7 +62,7 @@ class WorkerAgent:
         # What queries see: an epoch is published here only once COMPLETED (READY).
         self.served = served if served is not None else ServedDatasets(drop_table=self.loader.drop)
         self.held: dict[tuple[str, str], HeldEpoch] = {}
-        self.tails = tails if tails is not None else WorkerTails()
+        self.tails = tails if tails is not None else WorkerTails(cursor=self.loader.cursor)
         self.tables = HeldTables(self.loader.cursor)
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader")

@@ -225,8 +225,12 @@ class WorkerFlightServer(flight.FlightServerBase):
 
         check_query(request.sql, request.dataset, tuple(dataset for dataset, _ in request.joined))
         limits = self.limits.effective(request)
-        pins, tail = self._pin_all(request)
         cursor = self._cursor()
+        try:
+            pins, tail = self._pin_all(request, cursor)
+        except BaseException:
+            cursor.close()
+            raise
         running = _Running(cursor, time.monotonic() + limits.timeout_ms / 1000, context, request.query_id)
         token = self.watchdog.watch(running)
         try:
@@ -235,7 +239,7 @@ class WorkerFlightServer(flight.FlightServerBase):
                 for index, pin in enumerate(pins):
                     served = pin.served
                     cursor.execute(f"CREATE TEMP VIEW {quote(served.dataset)} AS "
-                                   f"{bind_tail(cursor, served.table, tail if index == 0 else None)}")
+                                   f"{bind_tail(served.table, tail if index == 0 else None)}")
             except duckdb.InterruptException as exc:  # the watchdog's interrupt lands on whatever runs
                 raise self._interrupted(running, request, limits, epoch) from exc
             if running.reason:  # cancelled before it began (the gateway's CANCEL_ACTION came first)
@@ -249,9 +253,10 @@ class WorkerFlightServer(flight.FlightServerBase):
         schema = answer_schema(reader.schema, epoch, tail, request.committed_only)
         return schema, self._stream(first, reader, request, running, limits, epoch, token, pins, cursor, schema)
 
-    def _pin_all(self, request: QueryRequest) -> tuple[list[EpochPin], PinnedTail | None]:
+    def _pin_all(self, request: QueryRequest, cursor) -> tuple[list[EpochPin], PinnedTail | None]:
         """The query's dataset pinned (its epoch, or the newest) with its tail unless the request
-        asks for the committed epoch alone, then each joined one at its epoch."""
+        asks for the committed epoch alone (the tail's snapshot starts `cursor`'s transaction),
+        then each joined one at its epoch."""
         def pin() -> EpochPin:
             return self.served.pin(request.dataset, request.epoch or None)
 
@@ -259,7 +264,7 @@ class WorkerFlightServer(flight.FlightServerBase):
         if self.tails is None or request.committed_only:
             first = pin()
         else:
-            first, tail = self.tails.pin_with_tail(request.dataset, pin, lambda p: p.served.epoch)
+            first, tail = self.tails.pin_with_tail(request.dataset, pin, lambda p: p.served.epoch, cursor)
         pins = [first]
         try:
             for dataset, epoch in request.joined:

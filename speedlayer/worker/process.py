@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     loader = EpochLoader(memory_limit_bytes=config.memory_bytes, threads=config.threads,
                          storage_options=config.storage_options)
     served = ServedDatasets(drop_table=loader.drop)
-    tails = WorkerTails()  # datasets served with their topic's tail (speedlayer.worker.tails)
+    tails = WorkerTails(cursor=loader.cursor)  # datasets served with their topic's tail (speedlayer.worker.tails)
     limits = QueryLimits(max_rows=config.max_result_rows, max_bytes=config.max_result_bytes,
                          timeout_ms=config.query_timeout_ms)
     server = WorkerFlightServer(f"grpc://{config.listen}", tenant=config.tenant, served=served,

@@ -1,7 +1,8 @@
 """An answer over an epoch and its tail: the view a query reads, and what its metadata says.
 
-The dataset's view is the epoch's table `UNION ALL BY NAME` the pinned tail rows (an Arrow table
-registered on the query's own cursor, so nothing is copied and no other query sees it): by name,
+The dataset's view is the epoch's table `UNION ALL BY NAME` the pinned tail rows (the rows of
+the tail's table in the snapshot's offset ranges, read in the transaction the snapshot started
+on the query's cursor: `speedlayer.worker.tail_table`): by name,
 because the pipeline's rows come out of Spark with its column order, and a column a newer schema
 version adds is in the tail before it is in an epoch (the epoch's rows read NULL there, as Delta's
 schema merge would give them).
@@ -15,28 +16,21 @@ rows it holds; or why it added none).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
-
 import pyarrow as pa
 
 from speedlayer.worker.loader import quote
 from speedlayer.worker.tails import PinnedTail
 
-if TYPE_CHECKING:
-    import duckdb
-
 EPOCH_KEY = b"speedlayer.epoch"
 TAIL_KEY = b"speedlayer.tail"
-TAIL_RELATION = "speedlayer_tail_rows"
 
 
-def bind_tail(cursor: "duckdb.DuckDBPyConnection", table: str, tail: PinnedTail | None) -> str:
+def bind_tail(table: str, tail: PinnedTail | None) -> str:
     """The SELECT the dataset's view is: the epoch's table, plus the tail's rows when there are some."""
     epoch = f"SELECT * FROM main.{quote(table)}"
-    if tail is None or tail.snapshot is None or tail.snapshot.rows is None:
+    if tail is None or tail.snapshot is None or tail.snapshot.relation is None:
         return epoch
-    cursor.register(TAIL_RELATION, tail.snapshot.rows)
-    return f"{epoch} UNION ALL BY NAME SELECT * FROM {quote(TAIL_RELATION)}"
+    return f"{epoch} UNION ALL BY NAME {tail.snapshot.relation}"
 
 
 def answer_schema(schema: pa.Schema, epoch: str, tail: PinnedTail | None, committed_only: bool) -> pa.Schema:

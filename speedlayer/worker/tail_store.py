@@ -1,14 +1,16 @@
 """The decoded rows of a dataset's tail held in memory, and the part of them one answer reads.
 
-The store holds, per topic partition, a contiguous run of offsets `[start[p], end[p])` as
-immutable Arrow chunks in offset order (quarantined offsets are absent, as they are from the
-pipeline's Delta table). An answer on epoch E, which holds everything below `offsets[p]`, reads
+The store holds, per topic partition, a contiguous run of offsets `[start[p], end[p])`: the rows
+in a DuckDB table beside the epochs (`TailTable`, what answers scan), their keys (`_topic`,
+`_offset`) as immutable Arrow chunks in offset order (what the store counts and cuts by;
+quarantined offsets are absent, as they are from the pipeline's Delta table). An answer on epoch E, which holds everything below `offsets[p]`, reads
 exactly the rows with `offsets[p] <= _offset`: no offset E holds is counted twice, and since the
 run reaches back to at least `offsets[p]`, none is missing. If it does not reach back that far
 (the epoch is older than what the store kept), `snapshot` says so rather than answer with a gap.
 
-A snapshot is a list of the chunks at one moment, so a running query keeps reading what it
-pinned while new chunks arrive and old ones are trimmed; chunks are never changed in place.
+A snapshot is a list of the chunks at one moment and the answer's DuckDB transaction started at
+that moment (`TailTable.pin`), so a running query keeps reading what it pinned while new rows
+arrive and old ones are trimmed; chunks are never changed in place.
 The store is bounded by `limit_rows` / `limit_bytes`: `room()` tells the follower how many rows
 it may still add; past it the tail stops advancing and says how far behind it is, never drops.
 """
@@ -18,41 +20,49 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-TOPIC, OFFSET = "_topic", "_offset"
+from speedlayer.worker.tail_table import OFFSET, TOPIC, TailTable
+
+if TYPE_CHECKING:
+    import duckdb
+
 COMPACT_ROWS = 64 * 1024  # appends are merged into the last chunk up to this many rows
 
 
 @dataclass(frozen=True)
 class _Chunk:
-    rows: pa.Table
+    rows: pa.Table            # the keys (`_topic`, `_offset`) of the rows this chunk holds
     first: Mapping[str, int]  # per partition, the first offset this chunk read (its rows may start later)
     ends: Mapping[str, int]   # per partition, the end-exclusive offset read up to with this chunk
     ascending: bool = False   # one partition's rows in offset order: an answer slices, not filters
+    nbytes: int = 0           # the Arrow size of the whole rows (what limit_bytes counts)
 
 
-def _chunk(rows: pa.Table, first: Mapping[str, int], ends: Mapping[str, int]) -> _Chunk:
+def _chunk(keys: pa.Table, first: Mapping[str, int], ends: Mapping[str, int], nbytes: int = 0) -> _Chunk:
     """A chunk, noting whether it is one partition's rows in ascending offset order (a read of one
     partition is; answers then cut it at their epoch's offset with a binary search)."""
     ascending = False
-    if len(ends) == 1 and rows.num_rows:
-        offsets = rows[OFFSET]
-        ascending = rows.num_rows == 1 or bool(pc.all(pc.greater(offsets.slice(1), offsets.slice(0, rows.num_rows - 1))).as_py())
-    return _Chunk(rows, dict(first), dict(ends), ascending)
+    if len(ends) == 1 and keys.num_rows:
+        offsets = keys[OFFSET]
+        ascending = keys.num_rows == 1 or bool(pc.all(pc.greater(offsets.slice(1), offsets.slice(0, keys.num_rows - 1))).as_py())
+    return _Chunk(keys, dict(first), dict(ends), ascending, nbytes)
+
 
 
 @dataclass(frozen=True)
 class TailSnapshot:
-    """What one answer reads of the tail: `rows` (at or above the epoch's offsets) and what the
+    """What one answer reads of the tail: `relation` (a SELECT of the rows at or above the epoch's
+    offsets in the tail's table; None when there are none), their keys (`keys`), and what the
     answer's metadata says: the last offset per partition the tail has read (end - 1), how old
     that is, its state and the rows the store holds in all."""
 
-    rows: pa.Table | None
+    keys: pa.Table | None
+    relation: str | None
     last_offsets: Mapping[str, int]
     age_ms: int
     state: str
@@ -60,15 +70,17 @@ class TailSnapshot:
 
     def metadata(self) -> dict:
         return {"state": self.state, "last_offsets": dict(sorted(self.last_offsets.items())),
-                "age_ms": self.age_ms, "rows": 0 if self.rows is None else self.rows.num_rows,
+                "age_ms": self.age_ms, "rows": 0 if self.keys is None else self.keys.num_rows,
                 "held_rows": self.held_rows}
 
 
 @dataclass
 class TailStore:
-    """`start`: the offsets the tail begins at (end-exclusive offsets of the epoch it started from)."""
+    """`start`: the offsets the tail begins at (end-exclusive offsets of the epoch it started from);
+    `table`: where its rows are kept for answers."""
 
     start: dict[str, int]
+    table: TailTable
     limit_rows: int
     limit_bytes: int = 0
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
@@ -78,6 +90,7 @@ class TailStore:
     _bytes: int = 0
     _read_at: float | None = None  # when the follower last found the topic read up to its head
     _state: str = "starting"
+    _closed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -103,6 +116,8 @@ class TailStore:
         or start below it when a trim moved the store past offsets every epoch holds meanwhile
         (those rows are dropped)."""
         with self._lock:
+            if self._closed:
+                return  # the tail stopped while this read was on its way
             skip: dict[str, int] = {}
             for topic, begin in first.items():
                 held = self._ends.get(topic)
@@ -112,23 +127,24 @@ class TailStore:
                 if held is not None and begin < held:
                     skip[topic] = held
             if skip:
-                rows = _above(_chunk(rows, first, ends), skip) or rows.slice(0, 0)
+                rows = _rows_above(rows, skip) if rows.num_rows else rows
                 first = {t: max(b, skip.get(t, b)) for t, b in first.items()}
                 ends = {t: max(e, skip.get(t, e)) for t, e in ends.items()}
-            chunk = _chunk(rows, first, ends)
             if rows.num_rows:
+                self.table.append(rows)
+                chunk = _chunk(rows.select([TOPIC, OFFSET]), first, ends, rows.nbytes)
                 last = self._chunks[-1] if self._chunks else None
                 if last is not None and last.rows.num_rows + rows.num_rows <= COMPACT_ROWS:
                     # A read every few milliseconds adds a few rows: merged into the last chunk
-                    # (a new one: snapshots keep the old), answers scan a few chunks, not thousands.
-                    self._bytes -= last.rows.nbytes
-                    chunk = _chunk(pa.concat_tables([last.rows, rows], promote_options="default").combine_chunks(),
-                                   {**dict(first), **dict(last.first)}, {**dict(last.ends), **dict(ends)})
+                    # (a new one: snapshots keep the old), answers cut a few chunks, not thousands.
+                    chunk = _chunk(pa.concat_tables([last.rows, chunk.rows]).combine_chunks(),
+                                   {**dict(first), **dict(last.first)}, {**dict(last.ends), **dict(ends)},
+                                   last.nbytes + rows.nbytes)
                     self._chunks = [*self._chunks[:-1], chunk]
                 else:
                     self._chunks = [*self._chunks, chunk]
                 self._rows += rows.num_rows
-                self._bytes += chunk.rows.nbytes
+                self._bytes += rows.nbytes
             for topic, begin in first.items():
                 self.start.setdefault(topic, begin)
             self._ends.update(ends)
@@ -154,18 +170,24 @@ class TailStore:
     def _covers(self, offsets: Mapping[str, int]) -> bool:
         return all(offsets.get(topic, begin) >= begin for topic, begin in self.start.items())
 
-    def snapshot(self, offsets: Mapping[str, int]) -> TailSnapshot | None:
+    def snapshot(self, offsets: Mapping[str, int],
+                 reader: "duckdb.DuckDBPyConnection | None" = None) -> TailSnapshot | None:
         """The rows at or above `offsets` (an epoch's), or None when the store does not reach back
-        to them (answering would leave a gap)."""
+        to them (answering would leave a gap). `reader`: the cursor the answer will run on, whose
+        transaction is started here so that it reads the table as the snapshot counts it."""
         with self._lock:
             if not self._covers(offsets):
                 return None
             chunks, ends, state, held = self._chunks, dict(self._ends), self._state, self._rows
             age = -1 if self._read_at is None else int((self.clock() - self._read_at) * 1000)
+            if reader is not None:
+                self.table.pin(reader)
         parts = [part for part in (_above(chunk, offsets) for chunk in chunks) if part is not None]
-        rows = pa.concat_tables(parts) if parts else None
-        last = {topic: end - 1 for topic, end in ends.items() if end > offsets.get(topic, 0)}
-        return TailSnapshot(rows, last, age, state, held)
+        keys = pa.concat_tables(parts) if parts else None
+        ranges = {topic: (offsets.get(topic, 0), end) for topic, end in ends.items() if end > offsets.get(topic, 0)}
+        relation = self.table.relation(ranges) if keys is not None else None
+        last = {topic: end - 1 for topic, (_, end) in ranges.items()}
+        return TailSnapshot(keys, relation, last, age, state, held)
 
     def trim(self, offsets: Mapping[str, int]) -> None:
         """Drop the rows below `offsets` (the oldest epoch still served holds them); the store
@@ -176,10 +198,14 @@ class TailStore:
                 part = _above(chunk, offsets)
                 if part is None:
                     continue
-                kept.append(chunk if part is chunk.rows else _Chunk(part, chunk.first, chunk.ends, chunk.ascending))
+                kept.append(chunk if part is chunk.rows else
+                            _Chunk(part, chunk.first, chunk.ends, chunk.ascending,
+                                   chunk.nbytes * part.num_rows // max(chunk.rows.num_rows, 1)))
             self._chunks = kept
             self._rows = sum(c.rows.num_rows for c in kept)
-            self._bytes = sum(c.rows.nbytes for c in kept)
+            self._bytes = sum(c.nbytes for c in kept)
+            if not self._closed:
+                self.table.delete_below(offsets)
             for topic, begin in list(self.start.items()):
                 if topic in offsets and offsets[topic] > begin:
                     self.start[topic] = offsets[topic]
@@ -191,6 +217,22 @@ class TailStore:
         """(rows, bytes) held."""
         with self._lock:
             return self._rows, self._bytes
+
+    def close(self) -> None:
+        """Drop the rows (the tail has stopped): answers that pinned them still read them."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self.table.drop()
+
+
+def _rows_above(rows: pa.Table, offsets: Mapping[str, int]) -> pa.Table:
+    """The rows of partitions in `offsets` at or above them, and every row of the others."""
+    keep = None
+    for topic, offset in offsets.items():
+        below = pc.and_(pc.equal(rows[TOPIC], topic), pc.less(rows[OFFSET], offset))
+        keep = below if keep is None else pc.or_(keep, below)
+    return rows if keep is None else rows.filter(pc.invert(keep))
 
 
 def _above(chunk: _Chunk, offsets: Mapping[str, int]) -> pa.Table | None:

@@ -28,7 +28,7 @@ def worker():
     loader = EpochLoader(memory_limit_bytes=256 * 1024 * 1024, threads=1)
     served = ServedDatasets(drop_table=loader.drop)
     feed = FakeFeed({P0: 0})
-    tails = WorkerTails(lambda spec, dataset: feed, poll_interval_s=0.005)
+    tails = WorkerTails(lambda spec, dataset: feed, cursor=loader.cursor, poll_interval_s=0.005)
     server = WorkerFlightServer("grpc://127.0.0.1:0", tenant="acme", served=served, cursor=loader.cursor,
                                 limits=QueryLimits(timeout_ms=5_000), tails=tails)
     client = flight.connect(f"grpc://127.0.0.1:{server.port}")

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 
+import duckdb
 import pyarrow as pa
 import pytest
 
@@ -20,7 +21,8 @@ from speedlayer.sources import ResolvedTable
 from speedlayer.sources.delta_offsets import TableOffsets, fold_commits
 from speedlayer.tail_spec import TailSpec
 from speedlayer.worker.tail_follower import TailFollower, capped
-from speedlayer.worker.tail_store import TailStore
+from speedlayer.worker.tail_store import TailSnapshot, TailStore
+from speedlayer.worker.tail_table import TailTable
 from speedlayer.worker.tails import WorkerTails, oldest
 from tests.rig import eventually
 
@@ -32,6 +34,18 @@ P0, P1 = "/default/orders-part-0", "/default/orders-part-1"
 def rows(topic: str, offsets: range) -> pa.Table:
     return pa.table({"_topic": [topic] * len(offsets), "_offset": pa.array(list(offsets), pa.int64()),
                      "v": [f"{topic}:{o}" for o in offsets]})
+
+
+def tail_store(start: dict[str, int], db: duckdb.DuckDBPyConnection | None = None, **limits) -> TailStore:
+    """A store whose rows go to a table in `db` (a database of its own by default)."""
+    return TailStore(dict(start), TailTable((db or duckdb.connect()).cursor, "orders"), **limits)
+
+
+def answered(reader: duckdb.DuckDBPyConnection, snap: TailSnapshot) -> list[tuple[str, int]]:
+    """The (partition, offset) of the rows an answer reads of `snap`, on the cursor it pinned."""
+    if snap.relation is None:
+        return []
+    return reader.execute(f"SELECT _topic, _offset FROM ({snap.relation}) ORDER BY 1, 2").fetchall()
 
 
 def meta(pipeline: str, **spans: tuple[int, int]) -> str:
@@ -97,91 +111,124 @@ def test_dataset_spec_keeps_its_tail_and_reads_old_records():
 # ---- the store -----------------------------------------------------------------------------
 
 def test_snapshot_reads_exactly_the_rows_at_or_above_the_epochs_offsets():
-    store = TailStore({P0: 10, P1: 0}, limit_rows=100)
+    db = duckdb.connect()
+    store = tail_store({P0: 10, P1: 0}, db, limit_rows=100)
     store.append(rows(P0, range(10, 15)), {P0: 10, P1: 0}, {P0: 15, P1: 0})
     store.append(rows(P1, range(0, 4)), {P1: 0}, {P1: 4})
-    snap = store.snapshot({P0: 12, P1: 1})
-    assert snap is not None and snap.rows is not None
-    got = sorted(zip(snap.rows["_topic"].to_pylist(), snap.rows["_offset"].to_pylist()))
+    reader = db.cursor()
+    snap = store.snapshot({P0: 12, P1: 1}, reader)
+    assert snap is not None and snap.keys is not None
+    got = sorted(zip(snap.keys["_topic"].to_pylist(), snap.keys["_offset"].to_pylist()))
     assert got == [(P0, 12), (P0, 13), (P0, 14), (P1, 1), (P1, 2), (P1, 3)]
+    assert answered(reader, snap) == got
     assert snap.last_offsets == {P0: 14, P1: 3} and snap.held_rows == 9
-    assert store.snapshot({P0: 15, P1: 4}).rows is None  # the epoch holds all of it
+    assert store.snapshot({P0: 15, P1: 4}).keys is None  # the epoch holds all of it
 
 
 def test_a_one_partition_chunk_is_cut_at_the_epochs_offset_as_a_filter_would_cut_it():
-    store = TailStore({P0: 0}, limit_rows=100)
+    store = tail_store({P0: 0}, limit_rows=100)
     kept = [o for o in range(0, 30) if o % 7]  # offsets the pipeline quarantines are absent
     store.append(pa.concat_tables([rows(P0, range(o, o + 1)) for o in kept]), {P0: 0}, {P0: 30})
     for epoch in (0, 1, 7, 8, 20, 29, 30):
         snap = store.snapshot({P0: epoch})
         assert snap is not None
-        got = [] if snap.rows is None else snap.rows["_offset"].to_pylist()
+        got = [] if snap.keys is None else snap.keys["_offset"].to_pylist()
         assert got == [o for o in kept if o >= epoch]
 
 
 def test_snapshot_refuses_an_epoch_older_than_the_store_rather_than_leave_a_gap():
-    store = TailStore({P0: 10}, limit_rows=100)
+    store = tail_store({P0: 10}, limit_rows=100)
     assert store.snapshot({P0: 9}) is None
     assert store.snapshot({P0: 10}) is not None
 
 
 def test_a_partition_the_epoch_holds_nothing_of_is_answered_from_its_start():
-    store = TailStore({P0: 5}, limit_rows=100)
+    store = tail_store({P0: 5}, limit_rows=100)
     store.append(rows(P1, range(0, 2)), {P1: 0}, {P1: 2})
     snap = store.snapshot({P0: 5})
-    assert snap.rows["_offset"].to_pylist() == [0, 1]
+    assert snap.keys["_offset"].to_pylist() == [0, 1]
 
 
 def test_append_must_continue_where_the_store_ends():
-    store = TailStore({P0: 10}, limit_rows=100)
+    store = tail_store({P0: 10}, limit_rows=100)
     with pytest.raises(ValueError, match="continue where it stopped"):
         store.append(rows(P0, range(11, 12)), {P0: 11}, {P0: 12})
 
 
 def test_trim_drops_what_the_oldest_epoch_holds_and_frees_room():
-    store = TailStore({P0: 0}, limit_rows=6)
+    db = duckdb.connect()
+    store = tail_store({P0: 0}, db, limit_rows=6)
     store.append(rows(P0, range(0, 6)), {P0: 0}, {P0: 6})
     assert store.room() == 0
-    pinned = store.snapshot({P0: 0})
+    reader = db.cursor()
+    pinned = store.snapshot({P0: 0}, reader)
     store.trim({P0: 4})
     assert store.held[0] == 2 and store.room() == 4 and store.snapshot({P0: 3}) is None
-    assert pinned.rows.num_rows == 6  # a query's snapshot is never changed under it
-    assert store.snapshot({P0: 4}).rows["_offset"].to_pylist() == [4, 5]
+    # a query's snapshot is never changed under it: its transaction began before the delete
+    assert pinned.keys.num_rows == 6 and answered(reader, pinned) == [(P0, o) for o in range(6)]
+    later = db.cursor()
+    assert answered(later, store.snapshot({P0: 4}, later)) == [(P0, 4), (P0, 5)]
+    assert db.execute(f'SELECT count(*) FROM "{store.table.name}"').fetchall() == [(2,)]  # the delete freed them
 
 
 def test_a_trim_past_what_the_tail_read_skips_what_every_epoch_holds():
-    store = TailStore({P0: 0}, limit_rows=100)
+    store = tail_store({P0: 0}, limit_rows=100)
     store.append(rows(P0, range(0, 3)), {P0: 0}, {P0: 3})
     store.trim({P0: 10})  # the oldest epoch served holds [0, 10): nothing below is read
     assert store.ends == {P0: 10} and store.held[0] == 0
     store.append(rows(P0, range(3, 12)), {P0: 3}, {P0: 12})  # a read begun before the trim
-    assert store.ends == {P0: 12} and store.snapshot({P0: 10}).rows["_offset"].to_pylist() == [10, 11]
+    assert store.ends == {P0: 12} and store.snapshot({P0: 10}).keys["_offset"].to_pylist() == [10, 11]
     with pytest.raises(ValueError, match="continue where it stopped"):
         store.append(rows(P0, range(13, 14)), {P0: 13}, {P0: 14})
 
 
 def test_small_reads_are_merged_into_few_chunks_and_snapshots_keep_what_they_pinned():
-    store = TailStore({P0: 0}, limit_rows=10_000)
-    pinned = None
+    db = duckdb.connect()
+    store = tail_store({P0: 0}, db, limit_rows=10_000)
+    pinned, reader = None, db.cursor()
     for i in range(100):
         store.append(rows(P0, range(i * 3, i * 3 + 3)), {P0: i * 3}, {P0: i * 3 + 3})
         if i == 10:
-            pinned = store.snapshot({P0: 0})
+            pinned = store.snapshot({P0: 0}, reader)
     snap = store.snapshot({P0: 5})
     assert len(store._chunks) == 1 and store.held[0] == 300
-    assert snap.rows["_offset"].to_pylist() == list(range(5, 300))
-    assert pinned.rows["_offset"].to_pylist() == list(range(0, 33))
+    assert snap.keys["_offset"].to_pylist() == list(range(5, 300))
+    assert pinned.keys["_offset"].to_pylist() == list(range(0, 33))
+    assert answered(reader, pinned) == [(P0, o) for o in range(0, 33)]
+
+
+def test_a_column_a_newer_schema_adds_reaches_the_table_null_in_the_rows_before_it():
+    db = duckdb.connect()
+    store = tail_store({P0: 0}, db, limit_rows=100)
+    store.append(rows(P0, range(0, 2)), {P0: 0}, {P0: 2})
+    store.append(rows(P0, range(2, 4)).append_column("region", pa.array(["eu", None])), {P0: 2}, {P0: 4})
+    reader = db.cursor()
+    snap = store.snapshot({P0: 0}, reader)
+    got = reader.execute(f"SELECT _offset, v, region FROM ({snap.relation}) ORDER BY 1").fetchall()
+    assert got == [(0, f"{P0}:0", None), (1, f"{P0}:1", None), (2, f"{P0}:2", "eu"), (3, f"{P0}:3", None)]
+
+
+def test_a_stopped_tail_drops_its_table_and_answers_that_pinned_it_still_read_it():
+    db = duckdb.connect()
+    store = tail_store({P0: 0}, db, limit_rows=100)
+    store.append(rows(P0, range(0, 3)), {P0: 0}, {P0: 3})
+    reader = db.cursor()
+    pinned = store.snapshot({P0: 1}, reader)
+    store.close()
+    store.append(rows(P0, range(3, 5)), {P0: 3}, {P0: 5})  # a read still on its way: ignored
+    assert answered(reader, pinned) == [(P0, 1), (P0, 2)]
+    assert db.execute(f"SELECT count(*) FROM duckdb_tables() WHERE table_name = '{store.table.name}'").fetchall() == [(0,)]
 
 
 def test_a_byte_limit_stops_the_store_too():
-    store = TailStore({P0: 0}, limit_rows=1000, limit_bytes=1)
+    store = tail_store({P0: 0}, limit_rows=1000, limit_bytes=1)
     store.append(rows(P0, range(0, 2)), {P0: 0}, {P0: 2})
     assert store.room() == 0
 
 
 def test_a_tail_of_no_rows_is_refused():
     with pytest.raises(ValueError, match="limit_rows=0"):
-        TailStore({}, limit_rows=0)
+        tail_store({}, limit_rows=0)
 
 
 def test_oldest_offsets_leave_out_a_partition_one_epoch_holds_nothing_of():
@@ -249,7 +296,7 @@ class FakeFeed:
 def test_follower_reads_contiguously_and_skips_quarantined_rows():
     feed = FakeFeed()
     feed.quarantine.add((P0, 2))
-    store = TailStore({P0: 0}, limit_rows=100)
+    store = tail_store({P0: 0}, limit_rows=100)
     follower = TailFollower("orders", TailSpec("x"), store, lambda spec, d: feed, poll_interval_s=0.005)
     follower.start()
     try:
@@ -257,7 +304,7 @@ def test_follower_reads_contiguously_and_skips_quarantined_rows():
         feed.produce(P1, 3)
         eventually(lambda: store.ends == {P0: 5, P1: 3})
         snap = store.snapshot({P0: 0})
-        assert sorted(snap.rows["_offset"].to_pylist()) == [0, 0, 1, 1, 2, 3, 4]
+        assert sorted(snap.keys["_offset"].to_pylist()) == [0, 0, 1, 1, 2, 3, 4]
         eventually(lambda: store.snapshot({}).state == "following" and store.age_ms() >= 0)
     finally:
         follower.stop()
@@ -267,7 +314,7 @@ def test_a_full_tail_says_it_is_behind_and_a_loss_is_named_never_skipped():
     from danube_core.errors import DataLossError
 
     feed = FakeFeed({P0: 0})
-    store = TailStore({P0: 0}, limit_rows=3)
+    store = tail_store({P0: 0}, limit_rows=3)
     follower = TailFollower("orders", TailSpec("x", 3), store, lambda spec, d: feed, poll_interval_s=0.005)
     follower.start()
     try:
@@ -287,7 +334,8 @@ def test_a_full_tail_says_it_is_behind_and_a_loss_is_named_never_skipped():
 
 def test_pin_with_tail_counts_no_offset_twice_whichever_epoch_is_pinned():
     feed = FakeFeed({P0: 0})
-    tails = WorkerTails(lambda spec, d: feed, poll_interval_s=0.005)
+    db = duckdb.connect()
+    tails = WorkerTails(lambda spec, d: feed, cursor=db.cursor, poll_interval_s=0.005)
     published: dict[str, dict] = {}
     spec = TailSpec("x", 1000)
     try:
@@ -296,16 +344,20 @@ def test_pin_with_tail_counts_no_offset_twice_whichever_epoch_is_pinned():
         eventually(lambda: tails.datasets()["orders"].ends == {P0: 10})
         tails.publish_with_tail("orders", "e2", spec.at({P0: 7}), lambda: published.setdefault("e2", {P0: 7}))
         for epoch, held in (("e1", 3), ("e2", 7)):
-            pinned, tail = tails.pin_with_tail("orders", lambda epoch=epoch: epoch, lambda e: e)
+            reader = db.cursor()
+            pinned, tail = tails.pin_with_tail("orders", lambda epoch=epoch: epoch, lambda e: e, reader)
             assert pinned == epoch
-            assert tail.snapshot.rows["_offset"].to_pylist() == list(range(held, 10))
+            assert tail.snapshot.keys["_offset"].to_pylist() == list(range(held, 10))
+            assert answered(reader, tail.snapshot) == [(P0, o) for o in range(held, 10)]
         tails.unpublish_with_tail("orders", "e1", lambda: True)
         assert tails.datasets()["orders"].held[0] == 3  # trimmed to e2's offsets
-        _, gone = tails.pin_with_tail("orders", lambda: "e1", lambda e: e)
+        _, gone = tails.pin_with_tail("orders", lambda: "e1", lambda e: e, db.cursor())
         assert gone.snapshot is None and "no tail on this worker" in gone.note
+        table = tails.datasets()["orders"].table.name
         tails.unpublish_with_tail("orders", "e2", lambda: True)
         assert tails.datasets() == {}
-        assert tails.pin_with_tail("orders", lambda: "e2", lambda e: e) == ("e2", None)
+        assert tails.pin_with_tail("orders", lambda: "e2", lambda e: e, db.cursor()) == ("e2", None)
+        assert db.execute(f"SELECT count(*) FROM duckdb_tables() WHERE table_name = '{table}'").fetchall() == [(0,)]
     finally:
         tails.stop()
 
