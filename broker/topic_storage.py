@@ -56,7 +56,7 @@ from danube_core.checkpoints import (
     write_checkpoint,
 )
 from danube_core.errors import CorruptFrameError, DanubeError, DataLossError
-from danube_core.keys import StorageKeys, parse_subscription_key, subscriptions_prefix
+from danube_core.keys import StorageKeys, assignment_key, parse_subscription_key, subscriptions_prefix
 from danube_core.message import StreamMessage
 from danube_core.metadata import MetadataStore
 from danube_core.objectstore import ObjectStore
@@ -197,6 +197,7 @@ class ReliableTopicStorage:
             uploader = Uploader(
                 topic, wal, store, metadata, keys, interval_s=uploader_interval_s,
                 max_object_bytes=max_object_bytes, clock=clock, durable=wal_config.durable,
+                owns=_assigned_to(metadata, broker_id, topic),
             )
             retention = WalRetention(
                 wal, uploader_checkpoint_path=uploader_checkpoint_path(wal),
@@ -329,6 +330,17 @@ def _first_offset(
             "unload); continuing at %d or after the local WAL, never at 0", topic, last.end_offset, initial,
         )
     return initial
+
+
+def _assigned_to(metadata: MetadataStore, broker_id: int, topic: TopicName) -> Callable[[], bool]:
+    """Whether the leader's assignment of `topic` still names `broker_id` (False when etcd cannot
+    say: deleting an undescribed object is never needed for a correct read, keeping it is safe)."""
+    def owns() -> bool:
+        try:
+            return metadata.get(assignment_key(broker_id, topic)) is not None
+        except DanubeError:
+            return False
+    return owns
 
 
 def recover_previous_wal(

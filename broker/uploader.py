@@ -218,11 +218,20 @@ class _CycleScan:
         self.size += length
 
 
+# How old (by its id's Unix seconds) an object no descriptor names must be before an uploader
+# deletes it: an upload's descriptor follows it within seconds (an etcd request timeout and its
+# retries), so an object younger than this may be one a new owner is about to describe.
+ORPHAN_GRACE_S = 60.0
+
+
 class Uploader:
     """Uploads one topic's WAL to the object store and records it in etcd (single writer).
 
     `clock` gives Unix seconds (object ids, `created_at`, `updated_at`); `durable` fsyncs
-    `uploader.ckpt` (none for a `ReadOnlyWal`). Thread-safe: cycles are serialised.
+    `uploader.ckpt` (none for a `ReadOnlyWal`). `owns` says whether this broker is still the
+    topic's owner (None: always, for a dead owner's WAL recovered by the new one); objects it
+    finds undescribed are deleted only then, and only once `orphan_grace_s` older than their id
+    (`_delete_orphans`). Thread-safe: cycles are serialised.
     """
 
     def __init__(
@@ -238,6 +247,8 @@ class Uploader:
         clock: Callable[[], float] = time.time,
         durable: bool = True,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        owns: Callable[[], bool] | None = None,
+        orphan_grace_s: float = ORPHAN_GRACE_S,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"uploader interval_s={interval_s!r} must be > 0")
@@ -256,11 +267,14 @@ class Uploader:
         self._clock = clock
         self._durable = durable
         self._chunk_bytes = chunk_bytes
+        self._owns = owns
+        self._orphan_grace_s = orphan_grace_s
         self._fs = wal.fs if isinstance(wal, ReadOnlyWal) else None
         self._ckpt_path = None if isinstance(wal, ReadOnlyWal) else uploader_checkpoint_path(wal)
         self._lock = threading.Lock()
         self._progress: _Progress | None = None  # None: reconcile before the next cycle
         self._taken_ids: set[str] = set()  # ids of objects that may exist without a descriptor
+        self._kept_ids: set[str] = set()   # undescribed objects found, too young to delete
         self._corrupt: CorruptFrameError | None = None
         self._capped = False
         self._task = PeriodicTask(f"uploader-{self._topic}", self._logged_cycles)
@@ -308,9 +322,9 @@ class Uploader:
             return descriptor
 
     def _new_object_id(self, start_offset: int) -> str:
-        """A fresh id: never the name of an object left behind by a failed commit."""
+        """A fresh id: never the name of an object left behind by a failed commit or kept undescribed."""
         secs = int(self._clock())
-        while object_id_for(start_offset, secs) in self._taken_ids:
+        while object_id_for(start_offset, secs) in self._taken_ids | self._kept_ids:
             secs += 1
         return object_id_for(start_offset, secs)
 
@@ -399,12 +413,30 @@ class Uploader:
             if fresh is not None:
                 known.append(fresh.end_offset)
         floor = max(known) if known else None
-        for object_id in names:
-            start, _secs = parse_object_id(object_id)
-            if floor is None or start > floor:
-                logger.warning("deleting object %s of %s: no descriptor names it", object_id, self._topic)
-                self._taken_ids.add(object_id)
-                self._delete_quietly(object_id)
+        undescribed = [(object_id, parse_object_id(object_id)[1]) for object_id in names
+                       if floor is None or parse_object_id(object_id)[0] > floor]
+        if not undescribed:
+            return
+        # Only the topic's owner deletes: a broker restarted with a stale view of its topics
+        # (the soak's defect 5) may load one the leader has just given another broker, whose
+        # uploads it would otherwise take for its own leftovers.
+        if self._owns is not None and not self._owns():
+            logger.warning("%s: %d object(s) no descriptor names (%s...) left in place: this broker "
+                           "no longer owns the topic", self._topic, len(undescribed), undescribed[0][0])
+            return
+        now = self._clock()
+        for object_id, secs in undescribed:
+            if now - secs < self._orphan_grace_s and object_id not in self._taken_ids:
+                # Uploaded moments ago, maybe by another broker about to describe it; if it stays
+                # undescribed, a reader finds its frames repeated in the described objects
+                # (danube_core.repeated_upload), so keeping it loses and duplicates nothing.
+                logger.warning("object %s of %s: no descriptor names it yet; kept (uploaded %.0f s ago, "
+                               "under the %.0f s grace)", object_id, self._topic, now - secs, self._orphan_grace_s)
+                self._kept_ids.add(object_id)
+                continue
+            logger.warning("deleting object %s of %s: no descriptor names it", object_id, self._topic)
+            self._taken_ids.add(object_id)
+            self._delete_quietly(object_id)
 
     def _delete_quietly(self, object_id: str) -> None:
         try:

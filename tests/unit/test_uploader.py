@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 import broker.uploader as uploader_module
-from broker.uploader import INDEX_EVERY_FRAMES, Uploader
+from broker.uploader import INDEX_EVERY_FRAMES, ORPHAN_GRACE_S, Uploader
 from broker.wal import Wal, WalConfig
 from danube_core.checkpoints import UploaderCheckpoint, read_checkpoint
 from danube_core.errors import CheckpointError, CorruptFrameError, MetadataError
@@ -216,16 +216,48 @@ class UploaderContract:
             with pytest.raises(MetadataError, match="injected"):
                 self.uploader(backend, topic, wal, clock, metadata=failing).run_cycle()
             assert backend.store.list_objects(topic) == [f"data-0-{T0}.dnb1", f"data-5-{T0}.dnb1"]
-            restarted = self.uploader(backend, topic, wal, clock)  # same second: needs a new id
+            # Restarted in the same second: the orphan is under the grace (another broker's upload
+            # about to be described would look the same), so it is kept and its id not reused.
+            restarted = self.uploader(backend, topic, wal, clock)
             redone = restarted.run_cycle()
             data = wal_bytes(wal)
-        assert (redone.start_offset, redone.end_offset) == (5, 9)
-        assert redone.object_id != f"data-5-{T0}.dnb1"
-        assert sorted(backend.store.list_objects(topic)) == sorted([f"data-0-{T0}.dnb1", redone.object_id])
-        spans = [(d.start_offset, d.end_offset) for d in self.descriptors(backend, topic)]
-        assert spans == [(0, 4), (5, 9)]
-        assert b"".join(self.object_bytes(backend, topic, d.object_id)
-                        for d in self.descriptors(backend, topic)) == data
+            assert (redone.start_offset, redone.end_offset) == (5, 9)
+            assert redone.object_id != f"data-5-{T0}.dnb1"
+            assert sorted(backend.store.list_objects(topic)) == sorted(
+                [f"data-0-{T0}.dnb1", f"data-5-{T0}.dnb1", redone.object_id])
+            spans = [(d.start_offset, d.end_offset) for d in self.descriptors(backend, topic)]
+            assert spans == [(0, 4), (5, 9)]
+            assert b"".join(self.object_bytes(backend, topic, d.object_id)
+                            for d in self.descriptors(backend, topic)) == data
+            # Left behind by a crash too, and restarted past the grace: deleted.
+            append_messages(wal, topic.broker_name, range(10, 12))
+            wal.flush()
+            with pytest.raises(MetadataError, match="injected"):
+                self.uploader(backend, topic, wal, clock, metadata=FailingOnce(backend.metadata, "put_if_absent")).run_cycle()
+            clock.now += ORPHAN_GRACE_S
+            self.uploader(backend, topic, wal, clock).run_cycle()
+        assert f"data-10-{T0}.dnb1" not in backend.store.list_objects(topic)
+        assert [(d.start_offset, d.end_offset) for d in self.descriptors(backend, topic)] == [(0, 4), (5, 9), (10, 11)]
+
+    def test_objects_no_descriptor_names_are_left_alone_by_a_broker_that_no_longer_owns_the_topic(
+            self, backend, topic):
+        """The other half of the soak's defect 5: the deletion belongs to the topic's owner only."""
+        clock = FakeClock()
+        with self.open_wal(backend, topic) as wal:
+            append_messages(wal, topic.broker_name, range(3))
+            wal.flush()
+            self.uploader(backend, topic, wal, clock).run_cycle()
+            append_messages(wal, topic.broker_name, range(3, 5))
+            wal.flush()
+            with pytest.raises(MetadataError, match="injected"):
+                self.uploader(backend, topic, wal, clock, metadata=FailingOnce(backend.metadata, "put_if_absent")).run_cycle()
+            clock.now += ORPHAN_GRACE_S
+            owner = {"owns": False}
+            self.uploader(backend, topic, wal, clock, owns=lambda: owner["owns"])._reconcile()
+            assert backend.store.list_objects(topic) == [f"data-0-{T0}.dnb1", f"data-3-{T0}.dnb1"]
+            owner["owns"] = True
+            self.uploader(backend, topic, wal, clock, owns=lambda: owner["owns"])._reconcile()
+            assert backend.store.list_objects(topic) == [f"data-0-{T0}.dnb1"]
 
     def test_objects_another_broker_describes_while_the_bucket_is_listed_are_kept(self, backend, topic):
         """Found by the soak: a restarted broker's uploader, recovering a topic the leader had just
