@@ -225,12 +225,9 @@ class WorkerFlightServer(flight.FlightServerBase):
 
         check_query(request.sql, request.dataset, tuple(dataset for dataset, _ in request.joined))
         limits = self.limits.effective(request)
+        pins, tail = self._pin_all(request)
+        held: list[EpochPin | PinnedTail] = [*pins, tail] if tail is not None else list(pins)  # released at the end
         cursor = self._cursor()
-        try:
-            pins, tail = self._pin_all(request, cursor)
-        except BaseException:
-            cursor.close()
-            raise
         running = _Running(cursor, time.monotonic() + limits.timeout_ms / 1000, context, request.query_id)
         token = self.watchdog.watch(running)
         try:
@@ -247,16 +244,15 @@ class WorkerFlightServer(flight.FlightServerBase):
             reader = self._run(cursor, request, running, limits, epoch)
             first = self._next(reader, request, running, limits, epoch)
         except BaseException:
-            self._finish(token, running, pins, cursor)
+            self._finish(token, running, held, cursor)
             raise
         self.watchdog.detach_context(token)
         schema = answer_schema(reader.schema, epoch, tail, request.committed_only)
-        return schema, self._stream(first, reader, request, running, limits, epoch, token, pins, cursor, schema)
+        return schema, self._stream(first, reader, request, running, limits, epoch, token, held, cursor, schema)
 
-    def _pin_all(self, request: QueryRequest, cursor) -> tuple[list[EpochPin], PinnedTail | None]:
+    def _pin_all(self, request: QueryRequest) -> tuple[list[EpochPin], PinnedTail | None]:
         """The query's dataset pinned (its epoch, or the newest) with its tail unless the request
-        asks for the committed epoch alone (the tail's snapshot starts `cursor`'s transaction),
-        then each joined one at its epoch."""
+        asks for the committed epoch alone, then each joined one at its epoch."""
         def pin() -> EpochPin:
             return self.served.pin(request.dataset, request.epoch or None)
 
@@ -264,14 +260,16 @@ class WorkerFlightServer(flight.FlightServerBase):
         if self.tails is None or request.committed_only:
             first = pin()
         else:
-            first, tail = self.tails.pin_with_tail(request.dataset, pin, lambda p: p.served.epoch, cursor)
+            first, tail = self.tails.pin_with_tail(request.dataset, pin, lambda p: p.served.epoch)
         pins = [first]
         try:
             for dataset, epoch in request.joined:
                 pins.append(self.served.pin(dataset, epoch))
         except BaseException:
-            for held in pins:
-                held.release()
+            for pinned in pins:
+                pinned.release()
+            if tail is not None:
+                tail.release()
             raise
         return pins, tail
 
@@ -315,7 +313,7 @@ class WorkerFlightServer(flight.FlightServerBase):
         return error
 
     def _stream(self, first, reader, request: QueryRequest, running: _Running, limits: QueryLimits, epoch: str,
-                token: int, pins: list[EpochPin], cursor, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+                token: int, held: list[EpochPin | PinnedTail], cursor, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         rows = size = 0
         batch = first
         relabel = schema.metadata != reader.schema.metadata
@@ -333,15 +331,16 @@ class WorkerFlightServer(flight.FlightServerBase):
                 except SpeedLayerError as exc:
                     raise to_flight(exc) from exc
         finally:
-            self._finish(token, running, pins, cursor)
+            self._finish(token, running, held, cursor)
 
-    def _finish(self, token: int, running: _Running, pins: list[EpochPin], cursor) -> None:
+    def _finish(self, token: int, running: _Running, held: list[EpochPin | PinnedTail], cursor) -> None:
+        """The query has ended: its cursor closed, its epochs and tail released."""
         self.watchdog.unwatch(token)
         try:
             cursor.close()
         finally:
-            for pin in pins:
-                pin.release()
+            for pinned in held:
+                pinned.release()
         if running.reason:
             # What an operator (and the cancellation tests) read: how long an interrupted query
             # still held this worker, on the host's monotonic clock.

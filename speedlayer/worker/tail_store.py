@@ -8,9 +8,11 @@ exactly the rows with `offsets[p] <= _offset`: no offset E holds is counted twic
 run reaches back to at least `offsets[p]`, none is missing. If it does not reach back that far
 (the epoch is older than what the store kept), `snapshot` says so rather than answer with a gap.
 
-A snapshot is a list of the chunks at one moment and the answer's DuckDB transaction started at
-that moment (`TailTable.pin`), so a running query keeps reading what it pinned while new rows
-arrive and old ones are trimmed; chunks are never changed in place.
+A snapshot is a list of the chunks at one moment and the offset ranges per partition its answer
+reads from the table, so rows appended after it are never read. Rows are deleted from the table
+(a trim, the table dropped when the tail stops) only once every snapshot taken before that trim
+is released (`TailSnapshot.release`, when its answer ends), so an answer always finds the rows
+its snapshot counted; chunks are never changed in place.
 The store is bounded by `limit_rows` / `limit_bytes`: `room()` tells the follower how many rows
 it may still add; past it the tail stops advancing and says how far behind it is, never drops.
 """
@@ -19,17 +21,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from speedlayer.worker.tail_table import OFFSET, TOPIC, TailTable
-
-if TYPE_CHECKING:
-    import duckdb
 
 COMPACT_ROWS = 64 * 1024  # appends are merged into the last chunk up to this many rows
 
@@ -59,7 +59,8 @@ class TailSnapshot:
     """What one answer reads of the tail: `relation` (a SELECT of the rows at or above the epoch's
     offsets in the tail's table; None when there are none), their keys (`keys`), and what the
     answer's metadata says: the last offset per partition the tail has read (end - 1), how old
-    that is, its state and the rows the store holds in all."""
+    that is, its state and the rows the store holds in all. `release()` once the answer has read
+    it (the rows may be deleted from then on)."""
 
     keys: pa.Table | None
     relation: str | None
@@ -67,6 +68,7 @@ class TailSnapshot:
     age_ms: int
     state: str
     held_rows: int
+    release: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
 
     def metadata(self) -> dict:
         return {"state": self.state, "last_offsets": dict(sorted(self.last_offsets.items())),
@@ -91,6 +93,10 @@ class TailStore:
     _read_at: float | None = None  # when the follower last found the topic read up to its head
     _state: str = "starting"
     _closed: bool = False
+    _dropped: bool = False
+    _generation: int = 0  # trims so far: a snapshot is of the generation it was taken in
+    _readers: Counter = field(default_factory=Counter, repr=False)  # generation -> snapshots not released
+    _deletes: list[tuple[int, dict[str, int]]] = field(default_factory=list, repr=False)  # (generation, below)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -170,24 +176,46 @@ class TailStore:
     def _covers(self, offsets: Mapping[str, int]) -> bool:
         return all(offsets.get(topic, begin) >= begin for topic, begin in self.start.items())
 
-    def snapshot(self, offsets: Mapping[str, int],
-                 reader: "duckdb.DuckDBPyConnection | None" = None) -> TailSnapshot | None:
+    def snapshot(self, offsets: Mapping[str, int]) -> TailSnapshot | None:
         """The rows at or above `offsets` (an epoch's), or None when the store does not reach back
-        to them (answering would leave a gap). `reader`: the cursor the answer will run on, whose
-        transaction is started here so that it reads the table as the snapshot counts it."""
+        to them (answering would leave a gap). The caller releases it when its answer ends."""
         with self._lock:
             if not self._covers(offsets):
                 return None
             chunks, ends, state, held = self._chunks, dict(self._ends), self._state, self._rows
             age = -1 if self._read_at is None else int((self.clock() - self._read_at) * 1000)
-            if reader is not None:
-                self.table.pin(reader)
+            generation = self._generation
+            self._readers[generation] += 1
+        released = threading.Event()
+
+        def release() -> None:
+            if not released.is_set():
+                released.set()
+                self._release(generation)
         parts = [part for part in (_above(chunk, offsets) for chunk in chunks) if part is not None]
         keys = pa.concat_tables(parts) if parts else None
         ranges = {topic: (offsets.get(topic, 0), end) for topic, end in ends.items() if end > offsets.get(topic, 0)}
         relation = self.table.relation(ranges) if keys is not None else None
         last = {topic: end - 1 for topic, (_, end) in ranges.items()}
-        return TailSnapshot(keys, relation, last, age, state, held)
+        return TailSnapshot(keys, relation, last, age, state, held, release)
+
+    def _release(self, generation: int) -> None:
+        with self._lock:
+            self._readers[generation] -= 1
+            if self._readers[generation] <= 0:
+                del self._readers[generation]
+            self._apply_deletes()
+
+    def _apply_deletes(self) -> None:
+        """Delete what the trims took once no snapshot of their generation or before is read."""
+        oldest = min(self._readers, default=None)
+        while self._deletes and (oldest is None or self._deletes[0][0] < oldest):
+            _, below = self._deletes.pop(0)
+            if not self._closed:
+                self.table.delete_below(below)
+        if self._closed and oldest is None and not self._dropped:
+            self._dropped = True
+            self.table.drop()
 
     def trim(self, offsets: Mapping[str, int]) -> None:
         """Drop the rows below `offsets` (the oldest epoch still served holds them); the store
@@ -204,8 +232,9 @@ class TailStore:
             self._chunks = kept
             self._rows = sum(c.rows.num_rows for c in kept)
             self._bytes = sum(c.nbytes for c in kept)
-            if not self._closed:
-                self.table.delete_below(offsets)
+            self._deletes.append((self._generation, dict(offsets)))
+            self._generation += 1
+            self._apply_deletes()
             for topic, begin in list(self.start.items()):
                 if topic in offsets and offsets[topic] > begin:
                     self.start[topic] = offsets[topic]
@@ -219,11 +248,11 @@ class TailStore:
             return self._rows, self._bytes
 
     def close(self) -> None:
-        """Drop the rows (the tail has stopped): answers that pinned them still read them."""
+        """Drop the rows (the tail has stopped), once the snapshots being read are released."""
         with self._lock:
             if not self._closed:
                 self._closed = True
-                self.table.drop()
+                self._apply_deletes()
 
 
 def _rows_above(rows: pa.Table, offsets: Mapping[str, int]) -> pa.Table:

@@ -5,7 +5,7 @@ An epoch of a dataset with a tail comes with the offsets its table version holds
 follower from those offsets; every later one is a **hand-over**: it is published and its
 offsets recorded in the same step (`publish_with_tail`, under this registry's lock), and every
 answer pins its epoch and takes its tail snapshot in one step too (`pin_with_tail`, under the
-same lock, which also starts the answer's DuckDB transaction: `TailStore.snapshot`). So an
+same lock; the answer releases the snapshot when it ends, `PinnedTail.release`). So an
 answer on epoch E reads exactly the tail rows at or above E's offsets: the
 rows E+1 took over are never counted twice, whichever of E and E+1 the gateway routes to, and
 none is missing, since the tail keeps the rows of the oldest epoch still served (`trim` follows
@@ -56,6 +56,11 @@ class PinnedTail:
 
     snapshot: TailSnapshot | None
     note: str = ""
+
+    def release(self) -> None:
+        """The answer has ended: the rows it read may be deleted (`TailStore`)."""
+        if self.snapshot is not None:
+            self.snapshot.release()
 
 
 class WorkerTails:
@@ -115,11 +120,10 @@ class WorkerTails:
                 tail.store.trim(oldest(tail.epochs.values()))
             return retired
 
-    def pin_with_tail(self, dataset: str, pin: Callable[[], T], epoch_of: Callable[[T], str],
-                      reader: "duckdb.DuckDBPyConnection") -> tuple[T, PinnedTail | None]:
-        """`pin()` the query's epoch and take the tail rows above it in one step, starting the
-        transaction of `reader` (the query's cursor) there; no tail (None) for a dataset that has
-        none on this worker."""
+    def pin_with_tail(self, dataset: str, pin: Callable[[], T],
+                      epoch_of: Callable[[T], str]) -> tuple[T, PinnedTail | None]:
+        """`pin()` the query's epoch and take the tail rows above it in one step; no tail (None)
+        for a dataset that has none on this worker. The caller releases the tail with the epoch."""
         with self._lock:
             pinned = pin()
             tail = self._tails.get(dataset)
@@ -129,7 +133,7 @@ class WorkerTails:
             offsets = tail.epochs.get(epoch)
             if offsets is None:
                 return pinned, PinnedTail(None, f"epoch {epoch} has no tail on this worker")
-            snapshot = tail.store.snapshot(offsets, reader)
+            snapshot = tail.store.snapshot(offsets)
         if snapshot is None:
             return pinned, PinnedTail(None, f"epoch {epoch} is older than the rows the tail holds: "
                                             "answered from the epoch alone")

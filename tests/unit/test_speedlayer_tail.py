@@ -41,11 +41,15 @@ def tail_store(start: dict[str, int], db: duckdb.DuckDBPyConnection | None = Non
     return TailStore(dict(start), TailTable((db or duckdb.connect()).cursor, "orders"), **limits)
 
 
-def answered(reader: duckdb.DuckDBPyConnection, snap: TailSnapshot) -> list[tuple[str, int]]:
-    """The (partition, offset) of the rows an answer reads of `snap`, on the cursor it pinned."""
+def answered(db: duckdb.DuckDBPyConnection, snap: TailSnapshot) -> list[tuple[str, int]]:
+    """The (partition, offset) of the rows an answer reads of `snap` from the tail's table."""
     if snap.relation is None:
         return []
-    return reader.execute(f"SELECT _topic, _offset FROM ({snap.relation}) ORDER BY 1, 2").fetchall()
+    return db.cursor().execute(f"SELECT _topic, _offset FROM ({snap.relation}) ORDER BY 1, 2").fetchall()
+
+
+def table_rows(db: duckdb.DuckDBPyConnection, store: TailStore) -> int:
+    return db.cursor().execute(f'SELECT count(*) FROM "{store.table.name}"').fetchall()[0][0]
 
 
 def meta(pipeline: str, **spans: tuple[int, int]) -> str:
@@ -115,12 +119,11 @@ def test_snapshot_reads_exactly_the_rows_at_or_above_the_epochs_offsets():
     store = tail_store({P0: 10, P1: 0}, db, limit_rows=100)
     store.append(rows(P0, range(10, 15)), {P0: 10, P1: 0}, {P0: 15, P1: 0})
     store.append(rows(P1, range(0, 4)), {P1: 0}, {P1: 4})
-    reader = db.cursor()
-    snap = store.snapshot({P0: 12, P1: 1}, reader)
+    snap = store.snapshot({P0: 12, P1: 1})
     assert snap is not None and snap.keys is not None
     got = sorted(zip(snap.keys["_topic"].to_pylist(), snap.keys["_offset"].to_pylist()))
     assert got == [(P0, 12), (P0, 13), (P0, 14), (P1, 1), (P1, 2), (P1, 3)]
-    assert answered(reader, snap) == got
+    assert answered(db, snap) == got
     assert snap.last_offsets == {P0: 14, P1: 3} and snap.held_rows == 9
     assert store.snapshot({P0: 15, P1: 4}).keys is None  # the epoch holds all of it
 
@@ -160,15 +163,17 @@ def test_trim_drops_what_the_oldest_epoch_holds_and_frees_room():
     store = tail_store({P0: 0}, db, limit_rows=6)
     store.append(rows(P0, range(0, 6)), {P0: 0}, {P0: 6})
     assert store.room() == 0
-    reader = db.cursor()
-    pinned = store.snapshot({P0: 0}, reader)
+    pinned = store.snapshot({P0: 0})
     store.trim({P0: 4})
     assert store.held[0] == 2 and store.room() == 4 and store.snapshot({P0: 3}) is None
-    # a query's snapshot is never changed under it: its transaction began before the delete
-    assert pinned.keys.num_rows == 6 and answered(reader, pinned) == [(P0, o) for o in range(6)]
-    later = db.cursor()
-    assert answered(later, store.snapshot({P0: 4}, later)) == [(P0, 4), (P0, 5)]
-    assert db.execute(f'SELECT count(*) FROM "{store.table.name}"').fetchall() == [(2,)]  # the delete freed them
+    # a query's snapshot is never changed under it: the trim's rows stay until it is released
+    assert pinned.keys.num_rows == 6 and answered(db, pinned) == [(P0, o) for o in range(6)]
+    later = store.snapshot({P0: 4})
+    assert answered(db, later) == [(P0, 4), (P0, 5)]
+    assert table_rows(db, store) == 6
+    pinned.release()
+    assert table_rows(db, store) == 2  # released: the trim's rows are deleted
+    later.release()
 
 
 def test_a_trim_past_what_the_tail_read_skips_what_every_epoch_holds():
@@ -185,16 +190,16 @@ def test_a_trim_past_what_the_tail_read_skips_what_every_epoch_holds():
 def test_small_reads_are_merged_into_few_chunks_and_snapshots_keep_what_they_pinned():
     db = duckdb.connect()
     store = tail_store({P0: 0}, db, limit_rows=10_000)
-    pinned, reader = None, db.cursor()
+    pinned = None
     for i in range(100):
         store.append(rows(P0, range(i * 3, i * 3 + 3)), {P0: i * 3}, {P0: i * 3 + 3})
         if i == 10:
-            pinned = store.snapshot({P0: 0}, reader)
+            pinned = store.snapshot({P0: 0})
     snap = store.snapshot({P0: 5})
     assert len(store._chunks) == 1 and store.held[0] == 300
     assert snap.keys["_offset"].to_pylist() == list(range(5, 300))
     assert pinned.keys["_offset"].to_pylist() == list(range(0, 33))
-    assert answered(reader, pinned) == [(P0, o) for o in range(0, 33)]
+    assert answered(db, pinned) == [(P0, o) for o in range(0, 33)]
 
 
 def test_a_column_a_newer_schema_adds_reaches_the_table_null_in_the_rows_before_it():
@@ -202,21 +207,22 @@ def test_a_column_a_newer_schema_adds_reaches_the_table_null_in_the_rows_before_
     store = tail_store({P0: 0}, db, limit_rows=100)
     store.append(rows(P0, range(0, 2)), {P0: 0}, {P0: 2})
     store.append(rows(P0, range(2, 4)).append_column("region", pa.array(["eu", None])), {P0: 2}, {P0: 4})
-    reader = db.cursor()
-    snap = store.snapshot({P0: 0}, reader)
-    got = reader.execute(f"SELECT _offset, v, region FROM ({snap.relation}) ORDER BY 1").fetchall()
+    snap = store.snapshot({P0: 0})
+    got = db.cursor().execute(f"SELECT _offset, v, region FROM ({snap.relation}) ORDER BY 1").fetchall()
     assert got == [(0, f"{P0}:0", None), (1, f"{P0}:1", None), (2, f"{P0}:2", "eu"), (3, f"{P0}:3", None)]
 
 
-def test_a_stopped_tail_drops_its_table_and_answers_that_pinned_it_still_read_it():
+def test_a_stopped_tail_drops_its_table_once_the_answers_reading_it_have_ended():
     db = duckdb.connect()
     store = tail_store({P0: 0}, db, limit_rows=100)
     store.append(rows(P0, range(0, 3)), {P0: 0}, {P0: 3})
-    reader = db.cursor()
-    pinned = store.snapshot({P0: 1}, reader)
+    pinned = store.snapshot({P0: 1})
     store.close()
     store.append(rows(P0, range(3, 5)), {P0: 3}, {P0: 5})  # a read still on its way: ignored
-    assert answered(reader, pinned) == [(P0, 1), (P0, 2)]
+    store.trim({P0: 2})
+    assert answered(db, pinned) == [(P0, 1), (P0, 2)]
+    pinned.release()
+    pinned.release()  # once only
     assert db.execute(f"SELECT count(*) FROM duckdb_tables() WHERE table_name = '{store.table.name}'").fetchall() == [(0,)]
 
 
@@ -344,19 +350,19 @@ def test_pin_with_tail_counts_no_offset_twice_whichever_epoch_is_pinned():
         eventually(lambda: tails.datasets()["orders"].ends == {P0: 10})
         tails.publish_with_tail("orders", "e2", spec.at({P0: 7}), lambda: published.setdefault("e2", {P0: 7}))
         for epoch, held in (("e1", 3), ("e2", 7)):
-            reader = db.cursor()
-            pinned, tail = tails.pin_with_tail("orders", lambda epoch=epoch: epoch, lambda e: e, reader)
+            pinned, tail = tails.pin_with_tail("orders", lambda epoch=epoch: epoch, lambda e: e)
             assert pinned == epoch
             assert tail.snapshot.keys["_offset"].to_pylist() == list(range(held, 10))
-            assert answered(reader, tail.snapshot) == [(P0, o) for o in range(held, 10)]
+            assert answered(db, tail.snapshot) == [(P0, o) for o in range(held, 10)]
+            tail.release()
         tails.unpublish_with_tail("orders", "e1", lambda: True)
         assert tails.datasets()["orders"].held[0] == 3  # trimmed to e2's offsets
-        _, gone = tails.pin_with_tail("orders", lambda: "e1", lambda e: e, db.cursor())
+        _, gone = tails.pin_with_tail("orders", lambda: "e1", lambda e: e)
         assert gone.snapshot is None and "no tail on this worker" in gone.note
         table = tails.datasets()["orders"].table.name
         tails.unpublish_with_tail("orders", "e2", lambda: True)
         assert tails.datasets() == {}
-        assert tails.pin_with_tail("orders", lambda: "e2", lambda e: e, db.cursor()) == ("e2", None)
+        assert tails.pin_with_tail("orders", lambda: "e2", lambda e: e) == ("e2", None)
         assert db.execute(f"SELECT count(*) FROM duckdb_tables() WHERE table_name = '{table}'").fetchall() == [(0,)]
     finally:
         tails.stop()
