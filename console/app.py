@@ -153,8 +153,17 @@ def build_app(services: ConsoleServices) -> Starlette:
         gateways = [pages.gateway_figures(scrape(e, config.metrics_timeout_ms / 1000))
                     for e in config.speedlayer.metrics]
         problems = [g.problem for g in gateways if g.problem] + (state.problems if state is not None else [])
+        tails: dict[str, list[pages.TailFigures]] = {}  # "tenant/dataset" -> its tail on each worker
+        for tenant in state.tenants if state is not None else []:
+            followed = [d.dataset for d in tenant.datasets if d.spec is not None and d.spec.tail]
+            if not followed:
+                continue
+            scrapes = {w.worker: scrape(w.record.metrics_address, config.metrics_timeout_ms / 1000)
+                       for w in tenant.workers if w.record.metrics_address}
+            problems += [s.problem for s in scrapes.values() if s.problem]
+            tails.update({f"{tenant.tenant}/{d}": pages.tail_figures(scrapes, d) for d in followed})
         return render(request, "speedlayer.html", page="speedlayer", state=state, gateways=gateways,
-                      masters=config.speedlayer.masters, problems=problems)
+                      tails=tails, masters=config.speedlayer.masters, problems=problems)
 
     async def action(request: Request) -> Response:
         form = {k: v[-1] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}

@@ -180,6 +180,35 @@ class GatewayFigures:
     problem: str | None
 
 
+@dataclass(frozen=True)
+class TailFigures:
+    """One worker's figures for one dataset's tail, from its `worker_tail_*` metrics (None: the
+    worker does not export that one)."""
+
+    worker: str
+    lag_messages: float | None  # on the topic, not read by the tail yet
+    age_s: float | None         # since the tail last read its topic up to the head
+    rows: float | None          # decoded rows held
+    handovers: float | None     # epochs published beside it
+    errors: float | None        # failed reads, every state
+
+
+def tail_figures(scrapes: dict[str, Scrape], dataset: str) -> list[TailFigures]:
+    """The workers (by id, their scrapes) that follow `dataset`'s tail, with its figures."""
+    def total(found: Scrape, name: str) -> float | None:
+        samples = found.values(name, dataset=dataset)
+        return sum(s.value for s in samples) if samples else None
+
+    figures = []
+    for worker, found in sorted(scrapes.items()):
+        row = TailFigures(worker, *(total(found, name) for name in (
+            "worker_tail_lag_messages", "worker_tail_age_seconds", "worker_tail_rows",
+            "worker_tail_handovers_total", "worker_tail_errors_total")))
+        if any(v is not None for v in (row.lag_messages, row.age_s, row.rows, row.handovers)):
+            figures.append(row)
+    return figures
+
+
 def gateway_figures(found: Scrape) -> GatewayFigures:
     outcomes: dict[str, float] = {}
     for sample in found.values("gateway_queries_total"):

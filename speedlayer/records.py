@@ -61,6 +61,7 @@ class WorkerRecord:
     cpu_cores: int
     master_id: str
     memory_used_bytes: int = 0
+    metrics_address: str = ""  # host:port of its Prometheus endpoint ("": none), for the console
 
     def to_json(self) -> bytes:
         return dump(asdict(self))

@@ -50,7 +50,8 @@ class WorkerDirectory:
         event = message.register_event
         lease = self._state.metadata.grant_lease(self.lease_ttl_s)
         record = WorkerRecord(address=event.address, memory_bytes=event.capacity.memory_bytes,
-                              cpu_cores=event.capacity.cpu_cores, master_id=self._master_id)
+                              cpu_cores=event.capacity.cpu_cores, master_id=self._master_id,
+                              metrics_address=event.metrics_address)
         self._state.metadata.put(self._state.keys.worker(tenant, worker), record.to_json(), lease=lease)
         session = WorkerSession(tenant=tenant, worker_id=worker, address=event.address,
                                 capacity=event.capacity, lease=lease,

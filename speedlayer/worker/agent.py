@@ -111,8 +111,11 @@ class WorkerAgent:
             held = [cp.HeldEpoch(dataset_id=h.dataset, epoch_id=h.epoch, status=h.status, rows=h.rows, bytes=h.bytes)
                     for h in self.held.values()]
         capacity = cp.WorkerCapacity(memory_bytes=self.config.memory_bytes, cpu_cores=self.config.cpu_cores)
+        # The Prometheus endpoint listens on loopback (observability.metrics.serve_metrics): the
+        # console on this host scrapes its tail figures through the address registered here.
+        metrics = f"127.0.0.1:{self.config.metrics_port}" if self.config.metrics_port else ""
         return self._message(register_event=cp.RegisterEvent(address=self.config.address, capacity=capacity,
-                                                             held_epochs=held))
+                                                             held_epochs=held, metrics_address=metrics))
 
     def _session(self, target: str) -> bool:
         """One stream; True if the master acknowledged the registration."""

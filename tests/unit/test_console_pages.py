@@ -507,3 +507,41 @@ def test_speedlayer_page_says_which_datasets_serve_their_topics_tail(platform):
     fresh = text.split("/lake/fresh", 1)[1].split("</h4>", 1)[0]
     plain = text.split("/lake/plain", 1)[1].split("</h4>", 1)[0]
     assert "with its topic's tail" in fresh and "tail" not in plain
+
+
+def test_speedlayer_page_shows_each_workers_tail_lag_age_rows_and_hand_overs(platform):
+    """Scraped from the workers' own metrics endpoints, registered with their records; a worker
+    that does not answer is named, and a dataset without a tail gets no tail table."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+    from speedlayer.keys import SpeedLayerKeys
+    from speedlayer.records import DatasetSpec, WorkerRecord
+    from speedlayer.tail_spec import TailSpec
+    from tests.rig import eventually
+
+    registry = CollectorRegistry()
+    Gauge("worker_tail_lag_messages", "", ["dataset"], registry=registry).labels(dataset="fresh").set(42)
+    Gauge("worker_tail_age_seconds", "", ["dataset"], registry=registry).labels(dataset="fresh").set(0.25)
+    Gauge("worker_tail_rows", "", ["dataset"], registry=registry).labels(dataset="fresh").set(1500)
+    Counter("worker_tail_handovers", "", ["dataset"], registry=registry).labels(dataset="fresh").inc(7)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        metadata, store, _ = platform
+        client = client_for(metadata, store)
+        keys = SpeedLayerKeys()
+        metadata.put(keys.dataset_spec("demo", "fresh"), DatasetSpec("delta", "/lake/fresh", tail=TailSpec("x").to_json()).to_json())
+        metadata.put(keys.dataset_spec("demo", "plain"), DatasetSpec("delta", "/lake/plain").to_json())
+        metadata.put(keys.worker("demo", "w1"), WorkerRecord("127.0.0.1:1", 1 << 30, 2, "m1",
+                                                            metrics_address=f"127.0.0.1:{server.server_port}").to_json())
+        metadata.put(keys.worker("demo", "w2"), WorkerRecord("127.0.0.1:2", 1 << 30, 2, "m1",
+                                                            metrics_address="127.0.0.1:1").to_json())
+        text = eventually(lambda: (t := client.get("/speedlayer").text) and 'data-tail-worker="w1"' in t and t)
+        row = text.split('data-tail-worker="w1"', 1)[1].split("</tr>", 1)[0]
+        assert 'data-field="tail-lag">42<' in row and 'data-field="tail-age">0.2 s<' in row
+        assert 'data-field="tail-rows">1500<' in row and 'data-field="tail-handovers">7<' in row
+        assert 'data-tail-worker="w2"' not in text and "127.0.0.1:1/metrics unreachable" in text
+        plain = text.split('data-dataset="plain"', 1)[1].split("</div>", 1)[0]
+        assert "tails" not in plain
+    finally:
+        server.shutdown()
+        thread.join(5)

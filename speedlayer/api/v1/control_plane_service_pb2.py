@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-speedlayer/api/v1/control_plane_service.proto\x12\rspeedlayer.v1\"\x94\x04\n\x12\x45ventStreamMessage\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x36\n\x0eregister_event\x18\x04 \x01(\x0b\x32\x1c.speedlayer.v1.RegisterEventH\x00\x12\x38\n\x0fheartbeat_event\x18\x05 \x01(\x0b\x32\x1d.speedlayer.v1.HeartbeatEventH\x00\x12K\n\x17\x64\x61ta_pull_status_update\x18\x06 \x01(\x0b\x32(.speedlayer.v1.DataPullStatusUpdateEventH\x00\x12?\n\x10registration_ack\x18\x07 \x01(\x0b\x32#.speedlayer.v1.RegistrationAckEventH\x00\x12=\n\x0f\x64\x61ta_assignment\x18\x08 \x01(\x0b\x32\".speedlayer.v1.DataAssignmentEventH\x00\x12\x39\n\rheartbeat_ack\x18\t \x01(\x0b\x32 .speedlayer.v1.HeartbeatAckEventH\x00\x12\x41\n\x11\x64\x61ta_unassignment\x18\n \x01(\x0b\x32$.speedlayer.v1.DataUnassignmentEventH\x00\x42\t\n\x07payload\"\x80\x01\n\rRegisterEvent\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12/\n\x08\x63\x61pacity\x18\x02 \x01(\x0b\x32\x1d.speedlayer.v1.WorkerCapacity\x12-\n\x0bheld_epochs\x18\x03 \x03(\x0b\x32\x18.speedlayer.v1.HeldEpoch\"\x8f\x01\n\tHeldEpoch\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x02 \x01(\t\x12?\n\x06status\x18\x03 \x01(\x0e\x32/.speedlayer.v1.DataPullStatusUpdateEvent.Status\x12\x0c\n\x04rows\x18\x04 \x01(\x03\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\"?\n\x0eHeartbeatEvent\x12-\n\x06status\x18\x01 \x01(\x0b\x32\x1d.speedlayer.v1.ResourceStatus\"\xa0\x02\n\x19\x44\x61taPullStatusUpdateEvent\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x02 \x01(\t\x12?\n\x06status\x18\x03 \x01(\x0e\x32/.speedlayer.v1.DataPullStatusUpdateEvent.Status\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x0c\n\x04rows\x18\x05 \x01(\x03\x12\r\n\x05\x62ytes\x18\x06 \x01(\x03\x12\x0f\n\x07seconds\x18\x07 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x08 \x01(\x03\"A\n\x06Status\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0f\n\x0bIN_PROGRESS\x10\x01\x12\r\n\tCOMPLETED\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\"h\n\x14RegistrationAckEvent\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x05\x12\x11\n\tmaster_id\x18\x02 \x01(\t\x12\x19\n\x11lease_ttl_seconds\x18\x03 \x01(\x05\"g\n\x13\x44\x61taAssignmentEvent\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x02 \x01(\t\x12*\n\tload_plan\x18\x03 \x01(\x0b\x32\x17.speedlayer.v1.LoadPlan\"M\n\x15\x44\x61taUnassignmentEvent\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"u\n\x11HeartbeatAckEvent\x12\x41\n\x10requested_action\x18\x01 \x01(\x0e\x32\'.speedlayer.v1.HeartbeatAckEvent.Action\"\x1d\n\x06\x41\x63tion\x12\x08\n\x04NONE\x10\x00\x12\t\n\x05\x44RAIN\x10\x01\"9\n\x0eWorkerCapacity\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x11\n\tcpu_cores\x18\x02 \x01(\x05\"D\n\x0eResourceStatus\x12\x19\n\x11memory_used_bytes\x18\x01 \x01(\x03\x12\x17\n\x0f\x63pu_load_avg_5m\x18\x02 \x01(\x02\"\xba\x02\n\x08LoadPlan\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12)\n\x06source\x18\x02 \x01(\x0b\x32\x19.speedlayer.v1.DataSource\x12\x1e\n\x16\x64\x65stination_table_name\x18\x03 \x01(\t\x12\x14\n\x0c\x61rrow_schema\x18\x04 \x01(\x0c\x12\x11\n\ttenant_id\x18\x05 \x01(\t\x12\x12\n\ndataset_id\x18\x06 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x07 \x01(\t\x12\x1e\n\x16\x65stimated_memory_bytes\x18\x08 \x01(\x03\x12\x12\n\ntotal_rows\x18\t \x01(\x03\x12\x19\n\x11partition_columns\x18\n \x03(\t\x12\x15\n\rbase_epoch_id\x18\x0b \x01(\t\x12\x0f\n\x07version\x18\x0c \x01(\x03\x12\x0c\n\x04tail\x18\r \x01(\t\"\xa4\x01\n\nDataSource\x12/\n\x07iceberg\x18\x01 \x01(\x0b\x32\x1c.speedlayer.v1.IcebergSourceH\x00\x12)\n\x04olap\x18\x02 \x01(\x0b\x32\x19.speedlayer.v1.OlapSourceH\x00\x12+\n\x05\x64\x65lta\x18\x03 \x01(\x0b\x32\x1a.speedlayer.v1.DeltaSourceH\x00\x42\r\n\x0bsource_type\"`\n\rIcebergSource\x12\x12\n\ntable_name\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\x12&\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x17.speedlayer.v1.DataFile\"\xa4\x01\n\x0b\x44\x65ltaSource\x12\x11\n\ttable_uri\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x1b\n\x13\x63ommit_timestamp_ms\x18\x03 \x01(\x03\x12&\n\x05\x66iles\x18\x04 \x03(\x0b\x32\x17.speedlayer.v1.DataFile\x12,\n\x0b\x61\x64\x64\x65\x64_files\x18\x05 \x03(\x0b\x32\x17.speedlayer.v1.DataFile\"\xdf\x01\n\nOlapSource\x12\x0b\n\x03\x64sn\x18\x01 \x01(\t\x12\x16\n\x0esnapshot_query\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61talog\x18\x03 \x01(\t\x12\x10\n\x08\x64\x61tabase\x18\x04 \x01(\t\x12\r\n\x05table\x18\x05 \x01(\t\x12\x44\n\x0epartition_spec\x18\x06 \x03(\x0b\x32,.speedlayer.v1.OlapSource.PartitionSpecEntry\x1a\x34\n\x12PartitionSpecEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd1\x01\n\x08\x44\x61taFile\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x46\n\x10partition_values\x18\x04 \x03(\x0b\x32,.speedlayer.v1.DataFile.PartitionValuesEntry\x12\x14\n\x0crecord_count\x18\x05 \x01(\x03\x1a\x36\n\x14PartitionValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32n\n\x13\x43ontrolPlaneService\x12W\n\x0b\x45ventStream\x12!.speedlayer.v1.EventStreamMessage\x1a!.speedlayer.v1.EventStreamMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-speedlayer/api/v1/control_plane_service.proto\x12\rspeedlayer.v1\"\x94\x04\n\x12\x45ventStreamMessage\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x36\n\x0eregister_event\x18\x04 \x01(\x0b\x32\x1c.speedlayer.v1.RegisterEventH\x00\x12\x38\n\x0fheartbeat_event\x18\x05 \x01(\x0b\x32\x1d.speedlayer.v1.HeartbeatEventH\x00\x12K\n\x17\x64\x61ta_pull_status_update\x18\x06 \x01(\x0b\x32(.speedlayer.v1.DataPullStatusUpdateEventH\x00\x12?\n\x10registration_ack\x18\x07 \x01(\x0b\x32#.speedlayer.v1.RegistrationAckEventH\x00\x12=\n\x0f\x64\x61ta_assignment\x18\x08 \x01(\x0b\x32\".speedlayer.v1.DataAssignmentEventH\x00\x12\x39\n\rheartbeat_ack\x18\t \x01(\x0b\x32 .speedlayer.v1.HeartbeatAckEventH\x00\x12\x41\n\x11\x64\x61ta_unassignment\x18\n \x01(\x0b\x32$.speedlayer.v1.DataUnassignmentEventH\x00\x42\t\n\x07payload\"\x99\x01\n\rRegisterEvent\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12/\n\x08\x63\x61pacity\x18\x02 \x01(\x0b\x32\x1d.speedlayer.v1.WorkerCapacity\x12-\n\x0bheld_epochs\x18\x03 \x03(\x0b\x32\x18.speedlayer.v1.HeldEpoch\x12\x17\n\x0fmetrics_address\x18\x04 \x01(\t\"\x8f\x01\n\tHeldEpoch\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x02 \x01(\t\x12?\n\x06status\x18\x03 \x01(\x0e\x32/.speedlayer.v1.DataPullStatusUpdateEvent.Status\x12\x0c\n\x04rows\x18\x04 \x01(\x03\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\"?\n\x0eHeartbeatEvent\x12-\n\x06status\x18\x01 \x01(\x0b\x32\x1d.speedlayer.v1.ResourceStatus\"\xa0\x02\n\x19\x44\x61taPullStatusUpdateEvent\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x02 \x01(\t\x12?\n\x06status\x18\x03 \x01(\x0e\x32/.speedlayer.v1.DataPullStatusUpdateEvent.Status\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x0c\n\x04rows\x18\x05 \x01(\x03\x12\r\n\x05\x62ytes\x18\x06 \x01(\x03\x12\x0f\n\x07seconds\x18\x07 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x08 \x01(\x03\"A\n\x06Status\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0f\n\x0bIN_PROGRESS\x10\x01\x12\r\n\tCOMPLETED\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\"h\n\x14RegistrationAckEvent\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x05\x12\x11\n\tmaster_id\x18\x02 \x01(\t\x12\x19\n\x11lease_ttl_seconds\x18\x03 \x01(\x05\"g\n\x13\x44\x61taAssignmentEvent\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x02 \x01(\t\x12*\n\tload_plan\x18\x03 \x01(\x0b\x32\x17.speedlayer.v1.LoadPlan\"M\n\x15\x44\x61taUnassignmentEvent\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"u\n\x11HeartbeatAckEvent\x12\x41\n\x10requested_action\x18\x01 \x01(\x0e\x32\'.speedlayer.v1.HeartbeatAckEvent.Action\"\x1d\n\x06\x41\x63tion\x12\x08\n\x04NONE\x10\x00\x12\t\n\x05\x44RAIN\x10\x01\"9\n\x0eWorkerCapacity\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x11\n\tcpu_cores\x18\x02 \x01(\x05\"D\n\x0eResourceStatus\x12\x19\n\x11memory_used_bytes\x18\x01 \x01(\x03\x12\x17\n\x0f\x63pu_load_avg_5m\x18\x02 \x01(\x02\"\xba\x02\n\x08LoadPlan\x12\x0f\n\x07plan_id\x18\x01 \x01(\t\x12)\n\x06source\x18\x02 \x01(\x0b\x32\x19.speedlayer.v1.DataSource\x12\x1e\n\x16\x64\x65stination_table_name\x18\x03 \x01(\t\x12\x14\n\x0c\x61rrow_schema\x18\x04 \x01(\x0c\x12\x11\n\ttenant_id\x18\x05 \x01(\t\x12\x12\n\ndataset_id\x18\x06 \x01(\t\x12\x10\n\x08\x65poch_id\x18\x07 \x01(\t\x12\x1e\n\x16\x65stimated_memory_bytes\x18\x08 \x01(\x03\x12\x12\n\ntotal_rows\x18\t \x01(\x03\x12\x19\n\x11partition_columns\x18\n \x03(\t\x12\x15\n\rbase_epoch_id\x18\x0b \x01(\t\x12\x0f\n\x07version\x18\x0c \x01(\x03\x12\x0c\n\x04tail\x18\r \x01(\t\"\xa4\x01\n\nDataSource\x12/\n\x07iceberg\x18\x01 \x01(\x0b\x32\x1c.speedlayer.v1.IcebergSourceH\x00\x12)\n\x04olap\x18\x02 \x01(\x0b\x32\x19.speedlayer.v1.OlapSourceH\x00\x12+\n\x05\x64\x65lta\x18\x03 \x01(\x0b\x32\x1a.speedlayer.v1.DeltaSourceH\x00\x42\r\n\x0bsource_type\"`\n\rIcebergSource\x12\x12\n\ntable_name\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\x12&\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x17.speedlayer.v1.DataFile\"\xa4\x01\n\x0b\x44\x65ltaSource\x12\x11\n\ttable_uri\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x1b\n\x13\x63ommit_timestamp_ms\x18\x03 \x01(\x03\x12&\n\x05\x66iles\x18\x04 \x03(\x0b\x32\x17.speedlayer.v1.DataFile\x12,\n\x0b\x61\x64\x64\x65\x64_files\x18\x05 \x03(\x0b\x32\x17.speedlayer.v1.DataFile\"\xdf\x01\n\nOlapSource\x12\x0b\n\x03\x64sn\x18\x01 \x01(\t\x12\x16\n\x0esnapshot_query\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61talog\x18\x03 \x01(\t\x12\x10\n\x08\x64\x61tabase\x18\x04 \x01(\t\x12\r\n\x05table\x18\x05 \x01(\t\x12\x44\n\x0epartition_spec\x18\x06 \x03(\x0b\x32,.speedlayer.v1.OlapSource.PartitionSpecEntry\x1a\x34\n\x12PartitionSpecEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd1\x01\n\x08\x44\x61taFile\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x46\n\x10partition_values\x18\x04 \x03(\x0b\x32,.speedlayer.v1.DataFile.PartitionValuesEntry\x12\x14\n\x0crecord_count\x18\x05 \x01(\x03\x1a\x36\n\x14PartitionValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32n\n\x13\x43ontrolPlaneService\x12W\n\x0b\x45ventStream\x12!.speedlayer.v1.EventStreamMessage\x1a!.speedlayer.v1.EventStreamMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,45 +38,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVENTSTREAMMESSAGE']._serialized_start=65
   _globals['_EVENTSTREAMMESSAGE']._serialized_end=597
   _globals['_REGISTEREVENT']._serialized_start=600
-  _globals['_REGISTEREVENT']._serialized_end=728
-  _globals['_HELDEPOCH']._serialized_start=731
-  _globals['_HELDEPOCH']._serialized_end=874
-  _globals['_HEARTBEATEVENT']._serialized_start=876
-  _globals['_HEARTBEATEVENT']._serialized_end=939
-  _globals['_DATAPULLSTATUSUPDATEEVENT']._serialized_start=942
-  _globals['_DATAPULLSTATUSUPDATEEVENT']._serialized_end=1230
-  _globals['_DATAPULLSTATUSUPDATEEVENT_STATUS']._serialized_start=1165
-  _globals['_DATAPULLSTATUSUPDATEEVENT_STATUS']._serialized_end=1230
-  _globals['_REGISTRATIONACKEVENT']._serialized_start=1232
-  _globals['_REGISTRATIONACKEVENT']._serialized_end=1336
-  _globals['_DATAASSIGNMENTEVENT']._serialized_start=1338
-  _globals['_DATAASSIGNMENTEVENT']._serialized_end=1441
-  _globals['_DATAUNASSIGNMENTEVENT']._serialized_start=1443
-  _globals['_DATAUNASSIGNMENTEVENT']._serialized_end=1520
-  _globals['_HEARTBEATACKEVENT']._serialized_start=1522
-  _globals['_HEARTBEATACKEVENT']._serialized_end=1639
-  _globals['_HEARTBEATACKEVENT_ACTION']._serialized_start=1610
-  _globals['_HEARTBEATACKEVENT_ACTION']._serialized_end=1639
-  _globals['_WORKERCAPACITY']._serialized_start=1641
-  _globals['_WORKERCAPACITY']._serialized_end=1698
-  _globals['_RESOURCESTATUS']._serialized_start=1700
-  _globals['_RESOURCESTATUS']._serialized_end=1768
-  _globals['_LOADPLAN']._serialized_start=1771
-  _globals['_LOADPLAN']._serialized_end=2085
-  _globals['_DATASOURCE']._serialized_start=2088
-  _globals['_DATASOURCE']._serialized_end=2252
-  _globals['_ICEBERGSOURCE']._serialized_start=2254
-  _globals['_ICEBERGSOURCE']._serialized_end=2350
-  _globals['_DELTASOURCE']._serialized_start=2353
-  _globals['_DELTASOURCE']._serialized_end=2517
-  _globals['_OLAPSOURCE']._serialized_start=2520
-  _globals['_OLAPSOURCE']._serialized_end=2743
-  _globals['_OLAPSOURCE_PARTITIONSPECENTRY']._serialized_start=2691
-  _globals['_OLAPSOURCE_PARTITIONSPECENTRY']._serialized_end=2743
-  _globals['_DATAFILE']._serialized_start=2746
-  _globals['_DATAFILE']._serialized_end=2955
-  _globals['_DATAFILE_PARTITIONVALUESENTRY']._serialized_start=2901
-  _globals['_DATAFILE_PARTITIONVALUESENTRY']._serialized_end=2955
-  _globals['_CONTROLPLANESERVICE']._serialized_start=2957
-  _globals['_CONTROLPLANESERVICE']._serialized_end=3067
+  _globals['_REGISTEREVENT']._serialized_end=753
+  _globals['_HELDEPOCH']._serialized_start=756
+  _globals['_HELDEPOCH']._serialized_end=899
+  _globals['_HEARTBEATEVENT']._serialized_start=901
+  _globals['_HEARTBEATEVENT']._serialized_end=964
+  _globals['_DATAPULLSTATUSUPDATEEVENT']._serialized_start=967
+  _globals['_DATAPULLSTATUSUPDATEEVENT']._serialized_end=1255
+  _globals['_DATAPULLSTATUSUPDATEEVENT_STATUS']._serialized_start=1190
+  _globals['_DATAPULLSTATUSUPDATEEVENT_STATUS']._serialized_end=1255
+  _globals['_REGISTRATIONACKEVENT']._serialized_start=1257
+  _globals['_REGISTRATIONACKEVENT']._serialized_end=1361
+  _globals['_DATAASSIGNMENTEVENT']._serialized_start=1363
+  _globals['_DATAASSIGNMENTEVENT']._serialized_end=1466
+  _globals['_DATAUNASSIGNMENTEVENT']._serialized_start=1468
+  _globals['_DATAUNASSIGNMENTEVENT']._serialized_end=1545
+  _globals['_HEARTBEATACKEVENT']._serialized_start=1547
+  _globals['_HEARTBEATACKEVENT']._serialized_end=1664
+  _globals['_HEARTBEATACKEVENT_ACTION']._serialized_start=1635
+  _globals['_HEARTBEATACKEVENT_ACTION']._serialized_end=1664
+  _globals['_WORKERCAPACITY']._serialized_start=1666
+  _globals['_WORKERCAPACITY']._serialized_end=1723
+  _globals['_RESOURCESTATUS']._serialized_start=1725
+  _globals['_RESOURCESTATUS']._serialized_end=1793
+  _globals['_LOADPLAN']._serialized_start=1796
+  _globals['_LOADPLAN']._serialized_end=2110
+  _globals['_DATASOURCE']._serialized_start=2113
+  _globals['_DATASOURCE']._serialized_end=2277
+  _globals['_ICEBERGSOURCE']._serialized_start=2279
+  _globals['_ICEBERGSOURCE']._serialized_end=2375
+  _globals['_DELTASOURCE']._serialized_start=2378
+  _globals['_DELTASOURCE']._serialized_end=2542
+  _globals['_OLAPSOURCE']._serialized_start=2545
+  _globals['_OLAPSOURCE']._serialized_end=2768
+  _globals['_OLAPSOURCE_PARTITIONSPECENTRY']._serialized_start=2716
+  _globals['_OLAPSOURCE_PARTITIONSPECENTRY']._serialized_end=2768
+  _globals['_DATAFILE']._serialized_start=2771
+  _globals['_DATAFILE']._serialized_end=2980
+  _globals['_DATAFILE_PARTITIONVALUESENTRY']._serialized_start=2926
+  _globals['_DATAFILE_PARTITIONVALUESENTRY']._serialized_end=2980
+  _globals['_CONTROLPLANESERVICE']._serialized_start=2982
+  _globals['_CONTROLPLANESERVICE']._serialized_end=3092
 # @@protoc_insertion_point(module_scope)

@@ -32,14 +32,16 @@ class EventStreamMessage(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., register_event: _Optional[_Union[RegisterEvent, _Mapping]] = ..., heartbeat_event: _Optional[_Union[HeartbeatEvent, _Mapping]] = ..., data_pull_status_update: _Optional[_Union[DataPullStatusUpdateEvent, _Mapping]] = ..., registration_ack: _Optional[_Union[RegistrationAckEvent, _Mapping]] = ..., data_assignment: _Optional[_Union[DataAssignmentEvent, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAckEvent, _Mapping]] = ..., data_unassignment: _Optional[_Union[DataUnassignmentEvent, _Mapping]] = ...) -> None: ...
 
 class RegisterEvent(_message.Message):
-    __slots__ = ("address", "capacity", "held_epochs")
+    __slots__ = ("address", "capacity", "held_epochs", "metrics_address")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     HELD_EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     address: str
     capacity: WorkerCapacity
     held_epochs: _containers.RepeatedCompositeFieldContainer[HeldEpoch]
-    def __init__(self, address: _Optional[str] = ..., capacity: _Optional[_Union[WorkerCapacity, _Mapping]] = ..., held_epochs: _Optional[_Iterable[_Union[HeldEpoch, _Mapping]]] = ...) -> None: ...
+    metrics_address: str
+    def __init__(self, address: _Optional[str] = ..., capacity: _Optional[_Union[WorkerCapacity, _Mapping]] = ..., held_epochs: _Optional[_Iterable[_Union[HeldEpoch, _Mapping]]] = ..., metrics_address: _Optional[str] = ...) -> None: ...
 
 class HeldEpoch(_message.Message):
     __slots__ = ("dataset_id", "epoch_id", "status", "rows", "bytes")
