@@ -204,17 +204,22 @@ class UploaderContract:
         assert (second.start_offset, second.end_offset) == (5, 5)
         assert self.object_bytes(backend, topic, second.object_id) == frame5
 
+    def crash_before_the_descriptor_put(self, backend: Backend, topic: TopicName, wal: Wal, clock: FakeClock,
+                                        offsets: range) -> None:
+        """Append `offsets` and upload them with the descriptor's put failing, as a broker killed
+        between the two would leave them."""
+        append_messages(wal, topic.broker_name, offsets)
+        wal.flush()
+        with pytest.raises(MetadataError, match="injected"):
+            self.uploader(backend, topic, wal, clock, metadata=FailingOnce(backend.metadata, "put_if_absent")).run_cycle()
+
     def test_crash_before_the_descriptor_put_leaves_no_gap_and_no_orphan(self, backend, topic):
         clock = FakeClock()
         with self.open_wal(backend, topic) as wal:
             append_messages(wal, topic.broker_name, range(5))
             wal.flush()
             self.uploader(backend, topic, wal, clock).run_cycle()
-            append_messages(wal, topic.broker_name, range(5, 10))
-            wal.flush()
-            failing = FailingOnce(backend.metadata, "put_if_absent")
-            with pytest.raises(MetadataError, match="injected"):
-                self.uploader(backend, topic, wal, clock, metadata=failing).run_cycle()
+            self.crash_before_the_descriptor_put(backend, topic, wal, clock, range(5, 10))
             assert backend.store.list_objects(topic) == [f"data-0-{T0}.dnb1", f"data-5-{T0}.dnb1"]
             # Restarted in the same second: the orphan is under the grace (another broker's upload
             # about to be described would look the same), so it is kept and its id not reused.
@@ -230,10 +235,7 @@ class UploaderContract:
             assert b"".join(self.object_bytes(backend, topic, d.object_id)
                             for d in self.descriptors(backend, topic)) == data
             # Left behind by a crash too, and restarted past the grace: deleted.
-            append_messages(wal, topic.broker_name, range(10, 12))
-            wal.flush()
-            with pytest.raises(MetadataError, match="injected"):
-                self.uploader(backend, topic, wal, clock, metadata=FailingOnce(backend.metadata, "put_if_absent")).run_cycle()
+            self.crash_before_the_descriptor_put(backend, topic, wal, clock, range(10, 12))
             clock.now += ORPHAN_GRACE_S
             self.uploader(backend, topic, wal, clock).run_cycle()
         assert f"data-10-{T0}.dnb1" not in backend.store.list_objects(topic)
@@ -247,10 +249,7 @@ class UploaderContract:
             append_messages(wal, topic.broker_name, range(3))
             wal.flush()
             self.uploader(backend, topic, wal, clock).run_cycle()
-            append_messages(wal, topic.broker_name, range(3, 5))
-            wal.flush()
-            with pytest.raises(MetadataError, match="injected"):
-                self.uploader(backend, topic, wal, clock, metadata=FailingOnce(backend.metadata, "put_if_absent")).run_cycle()
+            self.crash_before_the_descriptor_put(backend, topic, wal, clock, range(3, 5))
             clock.now += ORPHAN_GRACE_S
             owner = {"owns": False}
             self.uploader(backend, topic, wal, clock, owns=lambda: owner["owns"])._reconcile()
