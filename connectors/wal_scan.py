@@ -222,6 +222,13 @@ class WalDirScanner:
         """Runs of the dir's files that may hold offsets >= needed_from, and the head run (the
         last run of the active file named by `wal.ckpt`, else of the newest file).
 
+        An active file with no frame yet, after files whose frames all lie below `needed_from`
+        (the uploads' end), is a broker that has just loaded the topic again at the next offset
+        over its old WAL files, others having uploaded past them (the soak's defect 4): its head
+        is a marker at `needed_from` in that file, not the old frames' last run, which would sit
+        below the uploads and read as a restart. A restart writes frames: once the new file
+        holds one, its run is the head again and is judged as any other.
+
         The file list comes from `wal.ckpt` and a listing, so a directory without checkpoint
         is read too; empty files (the real broker leaves many) hold no runs; the checkpoint's
         recorded first offsets are never trusted, only frame headers (spec §3.2).
@@ -255,6 +262,8 @@ class WalDirScanner:
             runs.extend(seg_runs)
             if seg is active and seg_runs:
                 head = seg_runs[-1]
+        if head is None and active is not None and runs and runs[-1].stop_offset <= needed_from:
+            head = WalRun(fs.unstrip_protocol(active.path), needed_from, (0,))
         return DirScan(runs, head if head is not None else (runs[-1] if runs else None), bool(segments))
 
     def _scan(self, fs, path: str, hint: tuple[int, int] | None, uploaded_to: int | None) -> list[WalRun]:

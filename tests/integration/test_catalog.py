@@ -197,6 +197,33 @@ def test_an_upload_between_the_wal_scan_and_the_run_audit_is_not_a_restart(metad
     assert (audit.current_first, audit.current_stop) == (0, 70)
 
 
+def test_a_topic_back_on_a_broker_with_its_old_wal_file_is_not_a_restart(metadata, make, s3_store, unique_name,
+                                                                         tmp_path):
+    """The soak's defect 4: a broker that had served the topic loads it again after another broker
+    uploaded past its old frames, and opens a new, still empty WAL file at the next offset. The
+    old file's frames (below the uploads) are no run of their own: until the new file gets its
+    first frame, the WAL's head is where the uploads end, not below them (a restart)."""
+    b = make(f"/default/{unique_name('t')}")
+    first_broker, first_root = b.broker_id, b.wal_root
+    b.append(30)
+    b.upload()  # 0..29 uploaded; the first broker's wal.log keeps them
+    b.seal()
+    b.move_to(secrets.randbits(64), str(tmp_path / "wal-other"))
+    b.append(20)
+    b.upload()  # 30..49, by the other broker
+    b.seal()
+    b.move_to(first_broker, first_root)
+    b.rotate()  # a new empty wal.1.log; wal.log still holds 0..29
+    cat = catalog(metadata, s3_store)
+    audit = cat.audit(b.name)
+    assert audit.clean and audit.wal_restart is None, audit.summary()
+    assert cat.latest_offsets([b.name]) == {b.name: 50}
+    assert read_back(cat, b.name, 0, 50) == [b.messages[o] for o in range(50)]
+    b.append(5)  # the new file's first frames: 50..54
+    assert cat.latest_offsets([b.name]) == {b.name: 55}
+    assert read_back(cat, b.name, 0, 55) == [b.messages[o] for o in range(55)]
+
+
 def leave_orphan(b: TopicBuilder, store: ObjectStore, first: int, frames: bytes) -> str:
     """An object of `frames` from offset `first`, as an uploader leaves it when it dies (or its
     etcd put fails) after closing the object and before putting its descriptor."""
