@@ -25,11 +25,13 @@ class PeriodicTask:
         """True once `stop()` was called: a long cycle may end early."""
         return self._stop.is_set()
 
-    def start(self, interval_s: float) -> None:
+    def start(self, interval_s: float, *, first_now: bool = True) -> None:
+        """`first_now=False`: the first cycle comes `interval_s` after the start (the caller ran one)."""
         if self._thread is not None:
             raise RuntimeError(f"{self._name} is already running")
         self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, args=(interval_s,), name=self._name, daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(interval_s, first_now), name=self._name,
+                                        daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -39,7 +41,9 @@ class PeriodicTask:
             self._thread.join()
             self._thread = None
 
-    def _loop(self, interval_s: float) -> None:
+    def _loop(self, interval_s: float, first_now: bool = True) -> None:
+        if not first_now and self._stop.wait(interval_s):
+            return
         while True:
             self._cycle()
             if self._stop.wait(interval_s):

@@ -467,8 +467,16 @@ class Uploader:
         )
 
     def start(self) -> None:
-        """Run a cycle now, then one every `interval_s`, on a daemon thread."""
-        self._task.start(self._interval_s)
+        """Run a cycle now, in the caller's thread, then one every `interval_s` on a daemon thread.
+
+        The first cycle reconciles `uploader.ckpt` with etcd and uploads what the WAL holds;
+        run before the topic is served (`ReliableTopicStorage.load`), it is done before any new
+        message arrives, so what is published next waits for the next cycle (on its own thread,
+        the first cycle raced the first publishes: a test keeping messages in the WAL found
+        them uploaded under load). A failed cycle is logged, as on the thread, and the load
+        goes on."""
+        self._logged_cycles()
+        self._task.start(self._interval_s, first_now=False)
 
     def stop(self) -> None:
         """Stop the thread after its current cycle (no drain: see `drain`)."""
