@@ -413,8 +413,8 @@ class Uploader:
             if fresh is not None:
                 known.append(fresh.end_offset)
         floor = max(known) if known else None
-        undescribed = [(object_id, parse_object_id(object_id)[1]) for object_id in names
-                       if floor is None or parse_object_id(object_id)[0] > floor]
+        parsed = [(object_id, *parse_object_id(object_id)) for object_id in names]
+        undescribed = [(object_id, secs) for object_id, start, secs in parsed if floor is None or start > floor]
         if not undescribed:
             return
         # Only the topic's owner deletes: a broker restarted with a stale view of its topics
