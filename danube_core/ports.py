@@ -21,13 +21,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(port: int, deadline_s: float = 30.0) -> None:
-    """Poll until something accepts connections on 127.0.0.1:port, else TimeoutError."""
+def wait_for_port(port: int, deadline_s: float = 30.0, process: subprocess.Popen | None = None) -> None:
+    """Poll until something accepts connections on 127.0.0.1:port, else TimeoutError; with
+    `process` (the one expected to listen), ProcessLookupError as soon as it has exited, rather
+    than waiting out the deadline for a server that refused its command line."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
+        if process is not None and process.poll() is not None:
+            raise ProcessLookupError(f"the process meant to listen on 127.0.0.1:{port} exited with code "
+                                     f"{process.returncode}")
         time.sleep(0.05)
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {deadline_s}s")
 

@@ -19,7 +19,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from danube_core.embedded_etcd import etcd_binary
+from danube_core.embedded_etcd import single_node_command
 from danube_core.metadata_etcd import EtcdMetadataStore
 from danube_core.ports import free_port, stop_process, stop_processes, wait_for_port
 from devstack import REPO_ROOT
@@ -42,12 +42,8 @@ class RestartableEtcd:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         peer = f"http://127.0.0.1:{self.peer_port}"
         log = open(self.data_dir / "etcd.log", "ab")
-        self.process = subprocess.Popen(
-            [etcd_binary(), "--data-dir", str(self.data_dir / "data"),
-             "--listen-client-urls", f"http://{self.endpoint}", "--advertise-client-urls", f"http://{self.endpoint}",
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"default={peer}"],
-            stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(single_node_command(str(self.data_dir / "data"), f"http://{self.endpoint}", peer),
+                                        stdout=log, stderr=subprocess.STDOUT)
         wait_for_port(self.port)
 
     def stop(self) -> None:

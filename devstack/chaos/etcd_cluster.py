@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from danube_core.embedded_etcd import etcd_binary
+from danube_core.embedded_etcd import etcd_binary, extra_flags_from_env
 from danube_core.ports import free_port, wait_for_port
 
 
@@ -43,7 +43,8 @@ class EtcdMember:
                  "--listen-client-urls", client, "--advertise-client-urls", client,
                  "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
                  "--initial-cluster", self.initial_cluster, "--initial-cluster-token", "soak",
-                 "--initial-cluster-state", "new", "--heartbeat-interval", "250", "--election-timeout", "2500"],
+                 "--initial-cluster-state", "new", "--heartbeat-interval", "250", "--election-timeout", "2500",
+                 *extra_flags_from_env()],
                 stdout=log, stderr=subprocess.STDOUT)
         return self.process
 

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import yaml
 
-from danube_core.embedded_etcd import etcd_binary
+from danube_core.embedded_etcd import single_node_command
 from danube_core.ports import free_port, wait_for_port
 from devstack import REPO_ROOT
 from devstack.short_spark_runs import SHORT_RUN_JVM_OPTIONS
@@ -83,11 +83,8 @@ class Etcd:
     def start(self) -> "Etcd":
         peer = f"http://127.0.0.1:{self.peer_port}"
         with open(self.data_dir / "etcd.log", "ab") as log:
-            self.process = subprocess.Popen(
-                [etcd_binary(), "--data-dir", str(self.data_dir / "data"),
-                 "--listen-client-urls", f"http://{self.endpoint}", "--advertise-client-urls", f"http://{self.endpoint}",
-                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"default={peer}"], stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(single_node_command(str(self.data_dir / "data"), f"http://{self.endpoint}",
+                                                                peer), stdout=log, stderr=subprocess.STDOUT)
         wait_for_port(self.port)
         return self
 

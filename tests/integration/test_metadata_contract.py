@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from danube_core.embedded_etcd import EmbeddedEtcd
+from danube_core.embedded_etcd import EXTRA_FLAGS_ENV, EmbeddedEtcd
 from danube_core.errors import ConfigError, MetadataError, MetadataUnavailableError
 from danube_core.keys import padded_offset
 from danube_core.metadata import MetadataStore, WatchEvent
@@ -356,3 +357,28 @@ class TestEtcdMetadataStore(MetadataStoreContract):
     def test_malformed_endpoints_are_config_errors(self, endpoints: str):
         with pytest.raises(ConfigError, match="etcd endpoint"):
             EtcdMetadataStore(endpoints)
+
+
+
+def _command_line(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def test_every_etcd_takes_the_flags_the_environment_adds(monkeypatch, etcd_server):
+    """`DANUBE_ETCD_EXTRA_FLAGS` reaches the server's command line (the suite's own etcd runs
+    with `--unsafe-no-fsync` through it), and a flag etcd refuses stops the start at once with
+    etcd's words and the variable named, not after the port's 30 s wait."""
+    assert "--unsafe-no-fsync" in _command_line(etcd_server.process.pid)
+    monkeypatch.setenv(EXTRA_FLAGS_ENV, "--unsafe-no-fsync --snapshot-count 777")
+    with EmbeddedEtcd() as added:
+        assert _command_line(added.process.pid)[-3:] == ["--unsafe-no-fsync", "--snapshot-count", "777"]
+        with EtcdMetadataStore(added.endpoint) as store:
+            store.put("/k", b"v")
+            assert store.get("/k") == b"v"
+    monkeypatch.setenv(EXTRA_FLAGS_ENV, "--no-such-flag")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as refused:
+        EmbeddedEtcd()
+    assert time.monotonic() - started < 10
+    assert "etcd did not start" in str(refused.value) and "no-such-flag" in str(refused.value), refused.value
+    assert f"{EXTRA_FLAGS_ENV}: ['--no-such-flag']" in str(refused.value)
