@@ -37,6 +37,8 @@ from danube_core.keys import (
     namespace_topic_key,
     parse_assignment_key,
     register_key,
+    UNASSIGNED_PREFIX,
+    topic_from_unassigned_key,
     unassigned_key,
 )
 from danube_core.metadata import KeepAlive, Lease, MetadataStore, WatchEvent, WatchHandle
@@ -44,7 +46,7 @@ from danube_core.records import NULL_JSON, BrokerRegistration, BrokerState, Unas
 from danube_core.topics import TopicName
 
 from broker.config import CoordinationConfig
-from broker.leader import released_marker
+from broker.leader import is_released, released_marker
 from broker.load_report import LoadReporter, TopicLoad
 
 logger = logging.getLogger(__name__)
@@ -108,6 +110,8 @@ class ClusterMembership:
             parsed = parse_assignment_key(key)
             if parsed is not None:
                 self._events.put(("put", parsed[1]))
+        for topic in self._unloads_asked_of_me():
+            self._events.put(("delete", topic))
         self._start_thread("assignments", partial(self._apply_events, listener))
         self._start_thread("load-report", partial(self._report_load, listener))
         logger.info("broker %d joined cluster %s as %s", self.broker_id, self._cluster_name,
@@ -207,6 +211,19 @@ class ClusterMembership:
         timer = threading.Timer(delay_s, again)
         timer.daemon = True
         timer.start()
+
+    def _unloads_asked_of_me(self) -> list[TopicName]:
+        """Topics the leader waits for this broker to hand over (an unload marker naming it,
+        not yet released): asked while a previous process of this broker was down, whose
+        assignment deletion it never saw. A broker restarting on its own data seals them."""
+        asked = []
+        for key, raw in self._metadata.get_prefix(UNASSIGNED_PREFIX):
+            if raw == NULL_JSON or is_released(raw, key):
+                continue
+            marker = UnassignedMarker.from_json(raw, key)
+            if marker.reason in UNLOAD_REASONS and marker.from_broker == self.broker_id:
+                asked.append(topic_from_unassigned_key(key))
+        return asked
 
     def _release(self, listener: AssignmentListener, topic: TopicName) -> None:
         key = unassigned_key(topic)

@@ -243,8 +243,12 @@ class TopicAssigner:
             if state.sealed and state.broker_id == from_broker:
                 return True
         if self._waited(("seal", key)) > self._seal_wait_s:
-            logger.warning("broker %d did not seal %s within %.0fs; assigning anyway",
-                           from_broker, topic, self._seal_wait_s)
+            # As for a dead owner: the next owner recovers what `from_broker`'s WAL holds beyond
+            # the uploads and continues after it, rather than after the last upload (offsets the
+            # old owner acknowledged would be handed out again).
+            recorded = record_failover(self._metadata, self._storage_keys, topic, from_broker, time.time())
+            logger.warning("broker %d did not seal %s within %.0fs; assigning anyway%s", from_broker, topic,
+                           self._seal_wait_s, ", naming it as the owner whose WAL to recover" if recorded else "")
             return True
         return False
 

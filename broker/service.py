@@ -297,6 +297,11 @@ class BrokerService:
         if topic is None:
             if not unload:
                 await asyncio.to_thread(self.engine.delete_topic, name)
+            elif await asyncio.to_thread(self.registry.delivery, name) == RELIABLE:
+                # Asked to hand over a topic it does not serve: moved away while this broker was
+                # down (it restarted on its own data). Its WAL may hold acknowledged frames
+                # beyond the uploaded ones; seal them, so the next owner continues after them.
+                await asyncio.to_thread(self.engine.seal_local_wal, name)
             return
         await self._deactivate(topic, flush_cursors=unload)
         try:

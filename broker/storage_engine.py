@@ -10,6 +10,7 @@ needs, so they are configured in one place (`StorageSettings`, mirroring the bro
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from danube_core.metadata import MetadataStore
 from danube_core.objectstore import ObjectStore, normalize_url
 from danube_core.records import BrokerState, SealedState
 from danube_core.topics import TopicName
+from danube_core.wal_files import list_segments
 
 from broker.option_scope import OptionScope
 from broker.topic_storage import ReliableTopicStorage, TopicClosedError, delete_topic_keys
@@ -140,6 +142,23 @@ class StorageEngine:
         with self._lock:
             self._topics.pop(name, None)
         return state
+
+    def seal_local_wal(self, topic: TopicName | str) -> SealedState | None:
+        """Seal `topic`, which this broker does not serve, from the WAL it still holds of it:
+        load it (the WAL continues after every frame on disk), upload what the descriptors lack,
+        and unload (the sealed state names the last offset). None, and nothing done, when this
+        broker holds no WAL file of it. For a broker that restarts on its own data and finds a
+        topic of its own moved away meanwhile: without the seal, the next owner would continue
+        after the last uploaded offset and hand out again offsets this broker acknowledged."""
+        name = _topic(topic)
+        wal = self.settings.wal
+        directory = os.path.join(wal.root, name.namespace, name.topic)
+        if not os.path.isdir(directory) or not list_segments(directory, file_name=wal.file_name):
+            return None
+        logger.warning("%s was moved away from broker %d while it was down; sealing the WAL it holds",
+                       name, self.broker_id)
+        self.load_topic(name)
+        return self.unload_topic(name)
 
     def delete_topic(self, topic: TopicName | str) -> None:
         """Delete `topic`'s storage keys and cursors (and its local WAL if loaded here)."""

@@ -352,3 +352,49 @@ def test_restart_on_its_own_data_takes_its_topics_back_before_the_lease_expires(
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_topic_moved_away_while_its_broker_was_down_is_sealed_when_it_restarts(etcd_endpoint, tmp_path,
+                                                                               unique_name):
+    """kill -9 of the owner, an unload asked while it is down (its assignment is deleted; it
+    never sees that), then the owner restarted on its own data: it seals what its WAL holds
+    beyond the uploads, and the next owner continues after every offset it acknowledged. Before,
+    nobody sealed: the leader gave up after its 30 s wait and the next owner continued after
+    the last upload, handing out again offsets the old owner had acknowledged (found by the
+    soak, issue 43)."""
+    cloud = str(tmp_path / "cloud")
+    coordination = {"register_ttl_seconds": 30, "leader_ttl_seconds": 2, "leader_check_interval_seconds": 0.2,
+                    "lookup_wait_seconds": 10}
+    no_upload = {"uploader": {"interval_seconds": 3600, "root_prefix": "/danube-data"}}
+    topic = f"/default/{unique_name('moved-while-down')}"
+    first = BrokerProcess(etcd_endpoint, tmp_path, "a", cloud, coordination=coordination, wal_cloud=no_upload).start()
+    other = second = None
+    try:
+        run_admin(etcd_endpoint, "topics", "create", topic)
+        eventually(lambda: _owner(etcd_endpoint, topic) == first.broker_id, 20)
+        other = BrokerProcess(etcd_endpoint, tmp_path, "b", cloud, coordination=coordination).start()
+        read = asyncio.run(_produce_and_read_first(first.url, topic, "resume", 20, 5))
+        assert [m.msg_id.topic_offset for m in read] == list(range(5))
+        eventually(lambda: _cursor(etcd_endpoint, topic, "resume") == 4, 20)
+        assert _uploaded_through(etcd_endpoint, topic) == -1  # the 20 acks exist only in a's WAL
+
+        first.kill()
+        run_admin(etcd_endpoint, "topics", "unload", topic)
+        second = BrokerProcess(etcd_endpoint, tmp_path, "a", cloud, port=first.port, coordination=coordination,
+                               wal_cloud=no_upload).start()
+        assert second.broker_id == first.broker_id
+        restarted_at = time.monotonic()
+        eventually(lambda: _owner(etcd_endpoint, topic) == other.broker_id, 40)
+        moved_s = time.monotonic() - restarted_at
+        assert moved_s < 20, f"moved {moved_s:.1f}s after the restart: the leader waited out its seal wait"
+        assert _uploaded_through(etcd_endpoint, topic) == 19  # sealed: a uploaded its WAL first
+
+        asyncio.run(_produce(other.url, topic, 20, 5))
+        rest = asyncio.run(_consume(other.url, topic, "resume", 20))
+        assert [m.msg_id.topic_offset for m in rest] == list(range(5, 25))
+        assert [m.payload for m in rest] == [f"f-{i}".encode() for i in range(5, 25)]
+        assert sorted(offset for offset, _ in _wal_offsets(other.wal_dir)) == list(range(20, 25))
+    finally:
+        for proc in (other, second, first):
+            if proc is not None:
+                proc.stop()
