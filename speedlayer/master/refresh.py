@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Callable
 
 from danube_core.errors import DanubeError
@@ -32,13 +33,16 @@ from speedlayer.master.lifecycle import by_dataset, served_epoch
 from speedlayer.master.state import ClusterState, ConfigView
 from speedlayer.observability.audit import AuditEvent, AuditLogger
 from speedlayer.observability.metrics import REFRESH_LAG, REFRESHES
-from speedlayer.records import ASSIGNED, EVICTED, AssignmentRecord, DatasetSpec
+from speedlayer.records import ASSIGNED, EVICTED, PENDING, AssignmentRecord, DatasetSpec
 from speedlayer.sources.delta import DeltaTableSource
 from speedlayer.sources.delta_changes import TableChange, classify
 
 logger = logging.getLogger(__name__)
 
 DatasetKey = tuple[str, str]
+# A PENDING epoch unchanged this long, with no admission placing it, was left by an admission
+# that stopped half way: admissions write PLANNED within milliseconds, seconds under load.
+STALLED_ADMISSION_S = 30.0
 
 
 class Refresher:
@@ -116,7 +120,7 @@ class Refresher:
             self._failed.discard(key)
             try:
                 waiting = self.refresh(key, spec, due.get(key, "poll"))
-            except SpeedLayerError as exc:
+            except DanubeError as exc:  # a refused plan, etcd unreachable: this dataset alone
                 logger.warning("refreshing %s/%s failed: %s", *key, exc, extra={"tenant_id": key[0]})
                 self._failed.add(key)  # looked at again by the next poll, whether its table moved or not
                 waiting = False
@@ -170,6 +174,11 @@ class Refresher:
             records = self._state.dataset_records(tenant, dataset)
         live = by_dataset(records).get(key, [])
         head = live[-1] if live else None
+        if head is not None and self._stalled(head):
+            self._abandon(head)
+            records = self._state.dataset_records(tenant, dataset)
+            live = by_dataset(records).get(key, [])
+            head = live[-1] if live else None
         if head is not None and (head.status != ASSIGNED or not head.settled()):
             return True
         known = max((r.version for r in records if r.status != EVICTED), default=-1)
@@ -191,6 +200,31 @@ class Refresher:
         if record is not None:
             self._planned(record, change, resolved.source.delta.commit_timestamp_ms)
         return False
+
+    def _stalled(self, head: AssignmentRecord) -> bool:
+        """A PENDING epoch no admission is working on, unchanged for `STALLED_ADMISSION_S`: its
+        admission stopped between the record and its plan (an etcd error, a leader that died).
+        Nothing else takes a PENDING epoch on (the reconciler places PLANNED ones), so the
+        dataset would wait on it for good (found by the soak, issue 43: a dataset answered its
+        version 13 for the last 20 minutes of a run while its table reached version 45)."""
+        if head.status != PENDING or (head.tenant, head.dataset, head.epoch) in self._state.placing_now():
+            return False
+        return time.time() * 1000 - head.updated_ms >= STALLED_ADMISSION_S * 1000
+
+    def _abandon(self, head: AssignmentRecord) -> None:
+        """EVICT a stalled PENDING epoch (it holds no replica): the refresh then plans the table's
+        latest version again, the same epoch id re-created if it is still that version."""
+        detail = (f"its admission stopped before its plan {int(time.time() - head.updated_ms / 1000)} s ago; "
+                  "planned again")
+        updated = self._state.update_record(
+            head.tenant, head.dataset, head.epoch,
+            lambda r: replace(r, status=EVICTED, message=f"evicted (stalled): {detail}") if r.status == PENDING else None)
+        if updated is None or updated.status != EVICTED:
+            return
+        logger.warning("epoch %s of %s/%s %s", head.epoch, head.tenant, head.dataset, detail,
+                       extra={"tenant_id": head.tenant, "epoch_id": head.epoch})
+        self._audit.record(AuditEvent(kind="epoch.EVICTED", tenant=head.tenant, dataset=head.dataset, epoch=head.epoch,
+                                      master_id=self._master_id, detail={"reason": "stalled", "detail": detail}))
 
     def _plan(self, key: DatasetKey, spec: DatasetSpec, resolved, base: AssignmentRecord | None,
               change: TableChange, detail: dict) -> AssignmentRecord | None:
