@@ -139,6 +139,7 @@ class AdmissionController:
     def _admit(self, request: mg.AdmitDatasetRequest) -> mg.AdmitDatasetResponse:
         validate(request)
         tenant, dataset = request.tenant_id, request.dataset_id
+        self._config.read_tenant(tenant)
         wanted = partition_filter(request)
         if request.request_id:
             known = self._state.metadata.get(self._state.keys.request(tenant, request.request_id))

@@ -61,6 +61,15 @@ class ConfigView:
     def tenant(self, tenant: str) -> TenantConfig:
         return self.tenants.get(tenant, TenantConfig())
 
+    def read_tenant(self, tenant: str) -> TenantConfig:
+        """`tenant`'s config as etcd holds it now (one read), applied here too: an admission
+        sees every config change written before it, where the watch may deliver it a moment
+        later (an operator who sets a tenant's quota or namespaces, then admits, gets them)."""
+        key = self._keys.tenant_config(tenant)
+        if self._apply(WatchEvent("put" if (raw := self._metadata.get(key)) is not None else "delete", key, raw)):
+            self._on_change()
+        return self.tenant(tenant)
+
     def specs(self) -> dict[DatasetKey, DatasetSpec]:
         """Every dataset spec, as last written (by this master or seen through the watch)."""
         with self._specs_lock:
@@ -96,11 +105,14 @@ class ConfigView:
                 logging.getLogger().setLevel(self.global_config.log_level.upper())
             elif event.key.endswith("/config") and event.key.count("/", len(self._keys.tenants_prefix)) == 1:
                 tenant = event.key[len(self._keys.tenants_prefix):-len("/config")]
-                if event.value is None:
+                config = TenantConfig.from_json(event.value, event.key) if event.value is not None else None
+                if config == self.tenants.get(tenant):
+                    return False  # read already (`read_tenant`), or written again unchanged
+                if config is None:
                     self.tenants.pop(tenant, None)
                 else:
-                    self.tenants[tenant] = TenantConfig.from_json(event.value, event.key)
-                logger.info("tenant %s config now %s", tenant, self.tenants.get(tenant), extra={"tenant_id": tenant})
+                    self.tenants[tenant] = config
+                logger.info("tenant %s config now %s", tenant, config, extra={"tenant_id": tenant})
         except (MetadataError, ValueError) as exc:  # a bad edit keeps the last good config
             logger.error("ignoring config change at %s: %s", event.key, exc)
         return True

@@ -144,8 +144,7 @@ class TailFollower:
             return False
         target = capped(ends, latest, room)
         batch = feed.read(ends, target)
-        self.store.append(batch.rows, batch.first, batch.ends)
-        self.store.mark("following", caught_up=target == latest)
+        self.store.append(batch.rows, batch.first, batch.ends, state="following", caught_up=target == latest)
         return True
 
     @staticmethod

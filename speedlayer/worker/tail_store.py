@@ -117,13 +117,17 @@ class TailStore:
                 return 0
             return max(rows, 0)
 
-    def append(self, rows: pa.Table, first: Mapping[str, int], ends: Mapping[str, int]) -> None:
+    def append(self, rows: pa.Table, first: Mapping[str, int], ends: Mapping[str, int], *,
+               state: str | None = None, caught_up: bool = False) -> None:
         """Add what was read of `[first[p], ends[p])`; `first` must continue where the store ends,
         or start below it when a trim moved the store past offsets every epoch holds meanwhile
-        (those rows are dropped)."""
+        (those rows are dropped). `state` and `caught_up`: as `mark`, in the same step, so no
+        answer shows the new rows with the state from before the read."""
         with self._lock:
             if self._closed:
                 return  # the tail stopped while this read was on its way
+            if state is not None:
+                self._mark_locked(state, caught_up)
             skip: dict[str, int] = {}
             for topic, begin in first.items():
                 held = self._ends.get(topic)
@@ -159,9 +163,12 @@ class TailStore:
         """The follower's state (`following`, `behind: ...`, an error); `caught_up`: it has just read
         the topic up to its head, which is what the answer's age counts from."""
         with self._lock:
-            self._state = state
-            if caught_up:
-                self._read_at = self.clock()
+            self._mark_locked(state, caught_up)
+
+    def _mark_locked(self, state: str, caught_up: bool) -> None:
+        self._state = state
+        if caught_up:
+            self._read_at = self.clock()
 
     def age_ms(self) -> int:
         """Milliseconds since the tail last read its topic up to the head (-1: not yet)."""

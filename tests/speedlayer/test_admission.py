@@ -90,6 +90,17 @@ def test_quota_is_checked_before_anything_is_persisted(rig):
     assert controller.admit(delta_request("acme", "orders", "/t", replication=1)).status == "ASSIGNED"
 
 
+def test_an_admission_sees_a_tenant_config_written_before_it_without_waiting_for_the_watch(rig):
+    controller, _, audit, _, store, keys = rig
+    controller._config.stop()  # no watch delivers it: only the admission's own read can
+    store.put(keys.tenant_config("acme"), TenantConfig(memory_quota_bytes=10_000).to_json())
+    with pytest.raises(PreconditionError, match="tenant acme memory quota"):
+        controller.admit(delta_request("acme", "orders", "/t"))
+    store.delete(keys.tenant_config("acme"))
+    assert controller.admit(delta_request("acme", "orders", "/t")).status == "ASSIGNED"
+    assert controller._config.tenant("acme") == TenantConfig()
+
+
 def test_a_record_left_planned_by_a_dead_leader_is_resumed(rig):
     controller, state, audit, *_ = rig
     first = controller.admit(delta_request("acme", "orders", "/t"))

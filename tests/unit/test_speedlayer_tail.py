@@ -128,6 +128,16 @@ def test_snapshot_reads_exactly_the_rows_at_or_above_the_epochs_offsets():
     assert store.snapshot({P0: 15, P1: 4}).keys is None  # the epoch holds all of it
 
 
+def test_rows_and_the_state_that_read_them_are_seen_together():
+    """An answer never shows a read's rows with the state from before it (the suite once saw
+    every tail row answered while the state still said `starting`)."""
+    store = tail_store({P0: 0}, limit_rows=100)
+    assert store.snapshot({P0: 0}).state == "starting" and store.age_ms() == -1
+    store.append(rows(P0, range(0, 3)), {P0: 0}, {P0: 3}, state="following", caught_up=True)
+    snap = store.snapshot({P0: 0})
+    assert (snap.held_rows, snap.state) == (3, "following") and store.age_ms() >= 0
+
+
 def test_a_one_partition_chunk_is_cut_at_the_epochs_offset_as_a_filter_would_cut_it():
     store = tail_store({P0: 0}, limit_rows=100)
     kept = [o for o in range(0, 30) if o % 7]  # offsets the pipeline quarantines are absent
