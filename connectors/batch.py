@@ -132,4 +132,4 @@ class DanubeBatchReader(DataSourceReader):
         return [DanubePartition(i, [task]) for i, task in enumerate(tasks)]
 
     def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
-        return plain_iteration(read_partition(partition, self.options.include_source))
+        return plain_iteration(read_partition(partition, self.options.include_source, self.options.columns))

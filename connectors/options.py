@@ -157,6 +157,7 @@ class DanubeOptions:
     fail_on_data_loss: bool = True
     fail_on_missing_topic: bool = False
     include_source: bool = False
+    columns: tuple[str, ...] | None = None  # the columns the query's schema names (None: all; `projected_columns`)
     salvage: tuple[str, ...] | None = None  # object ids / WAL file URLs of an older run
     lost_offsets_location: str | None = None  # where executors record skipped offsets (connectors.loss_records)
 

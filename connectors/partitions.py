@@ -26,12 +26,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Decoder columns the Spark schema is built from (the others are never decoded into Arrow).
-READ_COLUMNS = (
-    "offset", "producer_id", "payload", "publish_time", "producer_name", "attributes",
-    "schema_id", "schema_version",
-)
-
 
 class DanubePartition(InputPartition):
     """One Spark partition: read tasks packed up to maxPartitionBytes (picklable, plain data)."""
@@ -98,21 +92,28 @@ def _plan(catalog: "TopicCatalog", options: DanubeOptions, start: Mapping[str, i
     )
 
 
-def read_partition(partition: InputPartition, include_source: bool) -> Iterator["pa.RecordBatch"]:
-    """Executor side: the partition's messages as Arrow batches in the Spark schema."""
+def read_partition(partition: InputPartition, include_source: bool,
+                   columns: tuple[str, ...] | None = None) -> Iterator["pa.RecordBatch"]:
+    """Executor side: the partition's messages as Arrow batches in the Spark schema, or in the
+    `columns` of it a query asked for (`connectors.schema.projected_columns`): only what
+    those are built from is decoded."""
     if not isinstance(partition, DanubePartition):
         return  # Spark's placeholder when a batch plan has no partitions
-    from connectors.schema import to_spark_batch
+    from connectors.schema import decoded_columns, spark_schema, to_spark_batch
     from connectors.task_reader import read_task
     from connectors.worker_heap import freeze_long_lived
 
+    if columns is None:
+        columns = tuple(spark_schema(include_source).names)
+    # offset always: the reader checks continuity with it, and a batch's row count rides on it
+    decode = ("offset", *(name for name in decoded_columns(columns) if name != "offset"))
     lost: list = []
     on_loss = lost.append if partition.loss_record is not None else None
     for task in partition.tasks:
         source = task.source if include_source else None
-        for raw in read_task(task, READ_COLUMNS, on_loss=on_loss):
+        for raw in read_task(task, decode, on_loss=on_loss):
             if raw.num_rows:
-                yield to_spark_batch(raw, task.topic, source)
+                yield to_spark_batch(raw, task.topic, source, columns)
     if lost:
         from connectors.loss_records import write_record
 

@@ -31,6 +31,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from danube_core.errors import ConfigError
 from danube_core.topics import TopicName
 
 if TYPE_CHECKING:
@@ -79,33 +80,84 @@ def arrow_schema(include_source: bool) -> pa.Schema:
     return arrow_schema_of(spark_schema(include_source))
 
 
-def to_spark_batch(raw: pa.RecordBatch, topic: str, source: str | None) -> pa.RecordBatch:
+# The decoder's column each Spark column is built from (topic, partition and source come from
+# the read task, not from the message).
+DECODED_FROM = {"offset": "offset", "publish_time": "publish_time", "producer_name": "producer_name",
+                "producer_id": "producer_id", "payload": "payload", "attributes": "attributes",
+                "schema_id": "schema_id", "schema_version": "schema_version"}
+
+
+def projected_columns(requested: StructType, include_source: bool) -> tuple[str, ...]:
+    """The columns a read returns for the schema Spark hands the source: the source's own
+    (`spark_schema`), or a user's `.schema(...)` naming some of them, in its order. Only
+    those are decoded and sent to the JVM: Spark passes a Python source no projection, so a
+    query that needs 4 of the 10 columns says so with the schema. ConfigError naming the
+    column for a name the source has not, another type, a repeat, or `source` without
+    `includeSource`."""
+    full = spark_schema(include_source)
+    if [(f.name, f.dataType) for f in requested.fields] == [(f.name, f.dataType) for f in full.fields]:
+        return tuple(full.names)
+    known = {f.name: f.dataType for f in spark_schema(True).fields}
+    offered = ", ".join(f"{name} {kind.simpleString()}" for name, kind in known.items())
+    if not requested.fields:
+        raise ConfigError(f"schema: no column; name one or more of the danube source's: {offered}")
+    seen: set[str] = set()
+    for field in requested.fields:
+        kind = known.get(field.name)
+        if kind is None:
+            raise ConfigError(f"schema: column {field.name!r} is not one of the danube source's: {offered}")
+        if field.name == SOURCE_COLUMN and not include_source:
+            raise ConfigError(f"schema: column {SOURCE_COLUMN!r} needs the option includeSource=true")
+        if field.dataType != kind:
+            raise ConfigError(f"schema: column {field.name!r} is {kind.simpleString()} in the danube source, "
+                              f"not {field.dataType.simpleString()}")
+        if field.name in seen:
+            raise ConfigError(f"schema: column {field.name!r} is named twice")
+        seen.add(field.name)
+    return tuple(requested.names)
+
+
+def decoded_columns(columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The decoder columns `columns` are built from."""
+    return tuple(DECODED_FROM[name] for name in columns if name in DECODED_FROM)
+
+
+@lru_cache(maxsize=16)
+def _projected_arrow_schema(columns: tuple[str, ...]) -> pa.Schema:
+    full = arrow_schema(SOURCE_COLUMN in columns)
+    return pa.schema([full.field(name) for name in columns])
+
+
+def to_spark_batch(raw: pa.RecordBatch, topic: str, source: str | None,
+                   columns: tuple[str, ...] | None = None) -> pa.RecordBatch:
     """Convert one decoded batch of `topic` (broker name) into the Spark schema.
 
     `source` is the lineage value for the `source` column, or None when it is not requested.
+    `columns`: the Spark columns to build, in order (`projected_columns`; None: all of them);
+    `raw` holds at least their `decoded_columns`.
     Columns are built from numpy buffers, never from Python scalars: pyarrow imports pandas
     to convert a Python value, which would cost each fresh Python worker ~0.4 s of CPU.
     """
-    include_source = source is not None
-    target = arrow_schema(include_source)
+    if columns is None:
+        columns = tuple(spark_schema(source is not None).names)
+    target = _projected_arrow_schema(columns)
     name = TopicName.parse(topic)
     rows = raw.num_rows
     partition = name.partition
-    columns = [
-        _repeated_string(name.base_name, rows),
-        pa.nulls(rows, pa.int32()) if partition is None else _repeated_int32(partition, rows),
-        raw.column("offset").cast(pa.int64()),
-        _publish_time(raw.column("publish_time")),
-        raw.column("producer_name"),
-        _u64_to_decimal(raw.column("producer_id")),
-        raw.column("payload"),
-        _cast(raw.column("attributes"), target.field("attributes").type),
-        _u64_to_decimal(raw.column("schema_id")),
-        raw.column("schema_version").cast(pa.int64()),
-    ]
-    if source is not None:
-        columns.append(_repeated_string(source, rows))
-    return pa.RecordBatch.from_arrays(columns, schema=target)
+    builders = {
+        "topic": lambda: _repeated_string(name.base_name, rows),
+        "partition": lambda: pa.nulls(rows, pa.int32()) if partition is None else _repeated_int32(partition, rows),
+        "offset": lambda: raw.column("offset").cast(pa.int64()),
+        "publish_time": lambda: _publish_time(raw.column("publish_time")),
+        "producer_name": lambda: raw.column("producer_name"),
+        "producer_id": lambda: _u64_to_decimal(raw.column("producer_id")),
+        "payload": lambda: raw.column("payload"),
+        "attributes": lambda: _cast(raw.column("attributes"), target.field("attributes").type),
+        "schema_id": lambda: _u64_to_decimal(raw.column("schema_id")),
+        "schema_version": lambda: raw.column("schema_version").cast(pa.int64()),
+        SOURCE_COLUMN: lambda: _repeated_string(source or "", rows),
+    }
+    return pa.RecordBatch.from_arrays([builders[column]() for column in columns], schema=target)
 
 
 def _u64_values(column: pa.Array) -> "np.ndarray":

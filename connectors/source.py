@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import MutableMapping
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
-from connectors.options import parse_options
+from connectors.options import DanubeOptions, parse_options
 from connectors.plain_errors import FailedStreamReader, plain_config_errors, report_plainly
 from danube_core.errors import ConfigError
-from connectors.schema import spark_schema
+from connectors.schema import projected_columns, spark_schema
 
 
 class DanubeDataSource(DataSource):
@@ -169,7 +170,11 @@ class DanubeDataSource(DataSource):
     Schema: topic string (base name, without `-part-N`), partition int (N, or null),
     offset long, publish_time timestamp, producer_name string, producer_id decimal(20,0),
     payload binary, attributes map<string,string>, schema_id decimal(20,0),
-    schema_version long [, source string]. u64 values are exact.
+    schema_version long [, source string]. u64 values are exact. A query that needs some of
+    them names those in a schema, e.g. `.schema("payload binary, offset bigint")`: only they
+    are decoded and sent to the JVM, in its order (a `select` after `load()` does not save
+    that: Spark gives a Python source no projection). A column the source has not, or
+    another type, fails `load()` naming it.
 
     Progress and lag: each source's `latestOffset` in query progress is JSON with the newest
     offsets and, under `lag`, per topic the messages, bytes and milliseconds (publish_time)
@@ -196,16 +201,20 @@ class DanubeDataSource(DataSource):
     def schema(self) -> StructType:
         return spark_schema(self.parsed.include_source)
 
+    def _projected(self, schema: StructType) -> DanubeOptions:
+        """The options with the columns `schema` names (a user's `.schema(...)`, or ours)."""
+        return replace(self.parsed, columns=projected_columns(schema, self.parsed.include_source))
+
     @plain_config_errors
     def reader(self, schema: StructType) -> DataSourceReader:
         from connectors.batch import DanubeBatchReader
 
-        return DanubeBatchReader(self.parsed)
+        return DanubeBatchReader(self._projected(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from connectors.stream import DanubeStreamReader
 
         try:
-            return DanubeStreamReader(self.parsed)
+            return DanubeStreamReader(self._projected(schema))
         except Exception as error:  # PySpark would hide it behind an UnboundLocalError
             return FailedStreamReader(error)

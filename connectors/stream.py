@@ -438,7 +438,7 @@ class DanubeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ---- executor side --------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator["pa.RecordBatch"]:
-        return plain_iteration(read_partition(partition, self.options.include_source))
+        return plain_iteration(read_partition(partition, self.options.include_source, self.options.columns))
 
 
 def _refuse_trigger_limits(options: DanubeOptions) -> None:

@@ -254,3 +254,37 @@ def test_offsets_skipped_on_executors_are_counted_in_query_progress(spark, danub
         assert query.exception() is None
     finally:
         query.stop()
+
+
+def test_a_users_schema_reads_only_its_columns_in_batches_and_streams(spark, danube_env: DanubeEnv, unique_name,
+                                                                     tmp_path) -> None:
+    """`.schema(...)` naming some of the source's columns: exactly those, in its order, from
+    the objects and the WAL (only they are decoded); a column the source has not is refused at
+    `load()` naming it."""
+    name, sub = f"/default/{unique_name('narrow')}", unique_name("sub")
+    b = danube_env.topic(name)
+    b.append(30)
+    obj = b.upload()
+    b.append(10)
+    wanted = "source string, payload binary, offset bigint"
+    want = [(obj.object_id if o < 30 else "wal", b.messages[o].payload, o) for o in range(40)]
+
+    df = spark.read.format("danube").options(**danube_env.options).schema(wanted).load(topic=name, includeSource="true")
+    assert df.columns == ["source", "payload", "offset"]
+    assert sorted((r["source"], bytes(r["payload"]), r["offset"]) for r in df.collect()) == sorted(want)
+
+    query_name = unique_name("q").replace("-", "_")
+    streamed = (spark.readStream.format("danube").options(**danube_env.options).schema(wanted)
+                .load(topic=name, subscription=sub, startingOffsets="earliest", includeSource="true"))
+    query = (streamed.writeStream.format("memory").queryName(query_name)
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert query.exception() is None
+    rows = spark.table(query_name).collect()
+    assert spark.table(query_name).columns == ["source", "payload", "offset"]
+    assert sorted((r["source"], bytes(r["payload"]), r["offset"]) for r in rows) == sorted(want)
+
+    with pytest.raises(Exception) as refused:
+        spark.read.format("danube").options(**danube_env.options).schema("offset bigint, key string") \
+            .load(topic=name).collect()
+    assert "ConfigError: schema: column 'key' is not one of the danube source's" in str(refused.value).splitlines()[0]

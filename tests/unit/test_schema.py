@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
+from pyspark.sql.types import LongType, StringType
 
 from connectors.schema import SPARK_SCHEMA, arrow_schema, spark_schema, to_spark_batch
 from danube_core.arrow_decode import MESSAGE_ARROW_SCHEMA
@@ -78,3 +79,42 @@ def test_publish_time_beyond_spark_range_becomes_null() -> None:
 def test_empty_batch(include_source: bool) -> None:
     out = to_spark_batch(raw_batch([]), "/a/b-part-0", "wal" if include_source else None)
     assert out.num_rows == 0 and out.schema.equals(arrow_schema(include_source))
+
+
+def test_a_users_schema_naming_some_columns_reads_those_in_its_order() -> None:
+    from pyspark.sql.types import StructType
+
+    from connectors.schema import decoded_columns, projected_columns
+
+    wanted = StructType([spark_schema(True)["source"], SPARK_SCHEMA["payload"], SPARK_SCHEMA["offset"],
+                         SPARK_SCHEMA["partition"]])
+    columns = projected_columns(wanted, include_source=True)
+    assert columns == ("source", "payload", "offset", "partition")
+    assert decoded_columns(columns) == ("payload", "offset")  # nothing else is decoded
+    raw = pa.RecordBatch.from_pylist([{"offset": 4, "payload": b"x"}, {"offset": 5, "payload": b"y"}],
+                                     schema=pa.schema([MESSAGE_ARROW_SCHEMA.field("offset"),
+                                                       MESSAGE_ARROW_SCHEMA.field("payload")]))
+    out = to_spark_batch(raw, "/ns/orders-part-3", "wal", columns)
+    assert out.schema.names == list(columns)
+    assert out.to_pylist() == [{"source": "wal", "payload": b"x", "offset": 4, "partition": 3},
+                               {"source": "wal", "payload": b"y", "offset": 5, "partition": 3}]
+    assert projected_columns(SPARK_SCHEMA, include_source=False) == tuple(SPARK_SCHEMA.names)
+
+
+@pytest.mark.parametrize("fields, include_source, said", [
+    ([("nope", StringType())], False, "column 'nope' is not one of the danube source's: topic string, partition int"),
+    ([("offset", StringType())], False, "column 'offset' is bigint in the danube source, not string"),
+    ([("offset", LongType()), ("offset", LongType())], False, "column 'offset' is named twice"),
+    ([("source", StringType())], False, "column 'source' needs the option includeSource=true"),
+    ([], False, "schema: no column; name one or more of the danube source's: topic string"),
+])
+def test_a_users_schema_the_source_cannot_give_is_refused_naming_the_column(fields, include_source, said) -> None:
+    from pyspark.sql.types import StructField, StructType
+
+    from connectors.schema import projected_columns
+    from danube_core.errors import ConfigError
+
+    schema = StructType([StructField(name, kind) for name, kind in fields])
+    with pytest.raises(ConfigError) as refused:
+        projected_columns(schema, include_source)
+    assert said in str(refused.value)
