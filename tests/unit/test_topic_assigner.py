@@ -25,16 +25,21 @@ def _unload_asked(metadata: MemoryMetadataStore, topic: TopicName) -> None:
     metadata.put(unassigned_key(topic), UnassignedMarker(from_broker=OLD, reason="unload").to_json())
 
 
-def test_an_old_owner_that_does_not_seal_is_named_for_its_wal_when_the_wait_ends():
-    metadata = MemoryMetadataStore()
-    topic = TopicName("default", "stuck")
-    _unload_asked(metadata, topic)
-    assigner = TopicAssigner(metadata, KEYS, seal_wait_s=0.5)
+def _assigned_to_new(metadata: MemoryMetadataStore, topic: TopicName, seal_wait_s: float) -> None:
+    """Run a leader's assigner until it has placed `topic` on the other broker."""
+    assigner = TopicAssigner(metadata, KEYS, seal_wait_s=seal_wait_s)
     assigner.start()
     try:
         eventually(lambda: metadata.get(assignment_key(NEW, topic)) is not None, 10)
     finally:
         assigner.stop()
+
+
+def test_an_old_owner_that_does_not_seal_is_named_for_its_wal_when_the_wait_ends():
+    metadata = MemoryMetadataStore()
+    topic = TopicName("default", "stuck")
+    _unload_asked(metadata, topic)
+    _assigned_to_new(metadata, topic, seal_wait_s=0.5)
     record = SealedState.from_json(metadata.get(KEYS.state_key(topic)), KEYS.state_key(topic))
     assert (record.broker_id, record.sealed) == (OLD, False)
     assert metadata.get(unassigned_key(topic)) is None
@@ -46,10 +51,5 @@ def test_a_seal_written_before_the_wait_ends_is_kept():
     _unload_asked(metadata, topic)
     sealed = SealedState(broker_id=OLD, last_committed_offset=41, sealed=True, timestamp=1)
     metadata.put(KEYS.state_key(topic), sealed.to_json())
-    assigner = TopicAssigner(metadata, KEYS, seal_wait_s=30)
-    assigner.start()
-    try:
-        eventually(lambda: metadata.get(assignment_key(NEW, topic)) is not None, 10)
-    finally:
-        assigner.stop()
+    _assigned_to_new(metadata, topic, seal_wait_s=30)
     assert SealedState.from_json(metadata.get(KEYS.state_key(topic)), KEYS.state_key(topic)) == sealed
