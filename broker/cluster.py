@@ -58,12 +58,30 @@ LOAD_RETRY_FIRST_S = 0.5  # a topic that failed to load is loaded again after th
 LOAD_RETRY_MAX_S = 5.0     # up to this
 
 
+# A broker stops taking messages this long before its registration lease may expire: the
+# leader fails its topics over when etcd deletes the registration, and the next owner hands
+# out offsets from what was uploaded and what this broker's WAL held by then.
+REGISTRATION_MARGIN_S = 1.0
+
+
 class AssignmentListener(Protocol):
-    """What the membership drives; both calls may block until the topic is (un)loaded."""
+    """What the membership drives; the topic calls may block until the topic is (un)loaded."""
 
     def on_assigned(self, topic: TopicName) -> None: ...
 
     def on_released(self, topic: TopicName, unload: bool) -> None: ...
+
+    def on_unload_asked(self, topic: TopicName) -> None:
+        """Hand over `topic`, whose unload was asked while a previous process of this broker
+        was down: seal what this broker's WAL holds of it (it does not serve it)."""
+
+    def on_registration_lapsed(self) -> None:
+        """The registration lease has expired: take no message until it is renewed. Called on
+        the keep-alive's thread, at once: it must not block."""
+
+    def on_registration_renewed(self, assigned: set[TopicName]) -> None:
+        """Registered again: serve again the topics still `assigned` here; the others were
+        failed over meanwhile (their next owner recovers this broker's WAL): stop them."""
 
     def topic_loads(self) -> list[TopicLoad]: ...
 
@@ -89,18 +107,20 @@ class ClusterMembership:
         self._registration = registration
         self._cluster_name = cluster_name
         self._coordination = coordination
-        self._events: queue.SimpleQueue[tuple[str, TopicName] | None] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[tuple[str, TopicName | None] | None] = queue.SimpleQueue()
         self._load_retry_s: dict[str, float] = {}  # topic -> the backoff of its next load retry
         self._stop = threading.Event()
         self._lease: Lease | None = None
         self._keep_alive: KeepAlive | None = None
         self._watch: WatchHandle | None = None
         self._threads: list[threading.Thread] = []
+        self._listener: AssignmentListener | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def join(self, listener: AssignmentListener) -> None:
         """Register, mark active, start following assignments and reporting load."""
+        self._listener = listener
         self._metadata.put_if_absent(cluster_name_key(self._cluster_name), NULL_JSON)
         self._register()
         state = BrokerState("active", "boot", wal_url=self._registration.wal_url)
@@ -111,7 +131,7 @@ class ClusterMembership:
             if parsed is not None:
                 self._events.put(("put", parsed[1]))
         for topic in self._unloads_asked_of_me():
-            self._events.put(("delete", topic))
+            self._events.put(("seal", topic))
         self._start_thread("assignments", partial(self._apply_events, listener))
         self._start_thread("load-report", partial(self._report_load, listener))
         logger.info("broker %d joined cluster %s as %s", self.broker_id, self._cluster_name,
@@ -146,10 +166,20 @@ class ClusterMembership:
         if self._on_registered is not None:
             self._on_registered(lease.id)
 
+    def registration_held(self) -> bool:
+        """Whether etcd surely still holds this broker's registration (with a margin): a broker
+        whose lease may have expired takes no message, since the leader may be moving its
+        topics (found by the soak, issue 43: a broker cut off from etcd for 5 s took messages
+        for 20 s more at offsets its topic's next owner handed out again)."""
+        keep_alive = self._keep_alive
+        return keep_alive is not None and keep_alive.held_for_s() > REGISTRATION_MARGIN_S
+
     def _on_lease_lost(self, error: DanubeError) -> None:
         if self._stop.is_set():
             return
         logger.error("registration of broker %d expired (%s); registering again", self.broker_id, error)
+        if self._listener is not None:
+            self._listener.on_registration_lapsed()  # at once, not behind queued assignment events
         threading.Thread(target=self._register_again, name=f"reregister-{self.broker_id}", daemon=True).start()
 
     def _register_again(self) -> None:
@@ -157,6 +187,7 @@ class ClusterMembership:
         while not self._stop.is_set():
             try:
                 self._register()
+                self._events.put(("renewed", None))
                 return
             except DanubeError as exc:
                 logger.warning("registering broker %d again failed, retrying in %.1fs: %s",
@@ -175,14 +206,20 @@ class ClusterMembership:
         while (item := self._events.get()) is not None:
             kind, topic = item
             try:
-                if kind == "put":
+                if kind == "renewed":
+                    listener.on_registration_renewed(self._assigned_here())
+                elif topic is None:
+                    continue
+                elif kind == "put":
                     listener.on_assigned(topic)
                     self._load_retry_s.pop(str(topic), None)
+                elif kind == "seal":
+                    self._release(listener, topic, asked_while_down=True)
                 else:
                     self._release(listener, topic)
             except Exception:  # one bad topic must not stop the others
                 logger.exception("broker %d could not apply assignment %s of %s", self.broker_id, kind, topic)
-                if kind == "put":
+                if kind == "put" and topic is not None:
                     self._retry_load(topic)
 
     def _retry_load(self, topic: TopicName) -> None:
@@ -225,7 +262,14 @@ class ClusterMembership:
                 asked.append(topic_from_unassigned_key(key))
         return asked
 
-    def _release(self, listener: AssignmentListener, topic: TopicName) -> None:
+    def _assigned_here(self) -> set[TopicName]:
+        """The topics etcd assigns to this broker now (not as a cache last saw them)."""
+        self._metadata.sync_reads()
+        return {parsed[1] for key, _ in self._metadata.get_prefix(broker_assignments_prefix(self.broker_id),
+                                                                   keys_only=True)
+                if (parsed := parse_assignment_key(key)) is not None}
+
+    def _release(self, listener: AssignmentListener, topic: TopicName, asked_while_down: bool = False) -> None:
         key = unassigned_key(topic)
         marker_raw = self._metadata.get(key)
         unload_marker = (  # the marker's bytes if it asks for an unload, else None
@@ -234,8 +278,13 @@ class ClusterMembership:
             and UnassignedMarker.from_json(marker_raw, key).reason in UNLOAD_REASONS
             else None
         )
-        unload = unload_marker is not None or self._metadata.get(namespace_topic_key(topic)) is not None
-        listener.on_released(topic, unload=unload)
+        if asked_while_down:
+            if unload_marker is None:
+                return  # the leader moved on meanwhile (it waited no longer, or assigned it)
+            listener.on_unload_asked(topic)
+        else:
+            unload = unload_marker is not None or self._metadata.get(namespace_topic_key(topic)) is not None
+            listener.on_released(topic, unload=unload)
         if unload_marker is not None:
             # Tell the leader we are done, unless it already moved on (the marker changed).
             self._metadata.compare_and_put(key, unload_marker, released_marker(unload_marker, key))

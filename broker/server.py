@@ -231,6 +231,7 @@ class BrokerServer:
             lookups, self.broker_id, registration, cfg.cluster_name, cfg.coordination,
             resumed_lease=self._resumed_lease,
             on_registered=lambda lease_id: write_identity(cfg.wal.dir, BrokerIdentity(self.broker_id, lease_id)))
+        service.registration_held = self._membership.registration_held
         self._membership.join(service)
         self._assigner = TopicAssigner(lookups, engine.keys)
         coordination = cfg.coordination

@@ -22,7 +22,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from danube_core.errors import DanubeError, InvalidTopicNameError
 from danube_core.message import StreamMessage
@@ -86,6 +86,11 @@ class BrokerService:
         self._consumers: dict[int, tuple[Topic, ConsumerSession]] = {}
         self._moved_producers: collections.OrderedDict[int, str] = collections.OrderedDict()
         self._moved_consumers: collections.OrderedDict[int, ConsumerSession] = collections.OrderedDict()
+        # Messages are taken only while etcd surely holds this broker's registration (the
+        # membership's `registration_held`, set once it has joined) and not between a lapse
+        # and the check of which topics are still assigned here (`on_registration_renewed`).
+        self.registration_held: Callable[[], bool] = lambda: True
+        self._lapsed = False
 
     # ---- producers --------------------------------------------------------------------------
 
@@ -114,7 +119,57 @@ class BrokerService:
         if topic.name.broker_name != msg.msg_id.topic_name:
             raise InvalidRequestError(f"producer {producer_id} is attached to {topic.name}, "
                                       f"not to msg_id.topic_name {msg.msg_id.topic_name!r}")
-        return await topic.publish(msg)
+        self._check_registration(topic.name)
+        offset = await topic.publish(msg)
+        # Acknowledged only if the registration still surely held once the frame was on disk:
+        # the topic's next owner (after a failover) continues after what this WAL held then.
+        self._check_registration(topic.name)
+        return offset
+
+    def _check_registration(self, name: TopicName) -> None:
+        if self._lapsed or not self.registration_held():
+            raise TopicMovedError(f"broker {self.broker_id} takes no message for {name}: etcd may no longer hold "
+                                  "its registration, so the topic may be moving; look it up again")
+
+    def on_registration_lapsed(self) -> None:
+        """Membership (keep-alive thread): take no message until `on_registration_renewed`."""
+        self._lapsed = True
+        logger.error("broker %d takes no message until it is registered again", self.broker_id)
+
+    def on_registration_renewed(self, assigned: set[TopicName]) -> None:
+        """Membership thread: stop the topics failed over meanwhile, then take messages again."""
+        asyncio.run_coroutine_threadsafe(self._keep_only(assigned), self._loop).result()
+
+    async def _keep_only(self, assigned: set[TopicName]) -> None:
+        for name, topic in list(self.topics.items()):
+            if name in assigned:
+                continue
+            # Not sealed: the leader named this broker for its next owner, which uploads what
+            # this WAL holds beyond the descriptors (the files stay) and continues after it.
+            await self._deactivate(topic, flush_cursors=True)
+            try:
+                if topic.reliable:
+                    await asyncio.to_thread(self.engine.close_topic, name)
+            finally:
+                self.topics.pop(name, None)
+                await self._drop_keys(name)
+            logger.warning("broker %d stopped %s, failed over while its registration lapsed (not sealed: "
+                           "its next owner recovers this broker's WAL)", self.broker_id, name)
+        self._lapsed = False
+        logger.info("broker %d registered again; it takes messages for its %d topic(s)", self.broker_id,
+                    len(self.topics))
+
+    def on_unload_asked(self, topic: TopicName) -> None:
+        """Membership thread: the unload of `topic` was asked while this broker was down."""
+        asyncio.run_coroutine_threadsafe(self._unload_asked(topic), self._loop).result()
+
+    async def _unload_asked(self, name: TopicName) -> None:
+        if name in self.topics:
+            await self._release(name, unload=True)
+        elif await asyncio.to_thread(self.registry.delivery, name) == RELIABLE:
+            # Its WAL may hold acknowledged frames beyond the uploaded ones: sealed, so the next
+            # owner continues after them.
+            await asyncio.to_thread(self.engine.seal_local_wal, name)
 
     async def _unknown_producer(self, producer_id: int, topic_name: str) -> Exception:
         """TopicMovedError if the producer exists elsewhere or existed before (its topic moved,
@@ -297,11 +352,6 @@ class BrokerService:
         if topic is None:
             if not unload:
                 await asyncio.to_thread(self.engine.delete_topic, name)
-            elif await asyncio.to_thread(self.registry.delivery, name) == RELIABLE:
-                # Asked to hand over a topic it does not serve: moved away while this broker was
-                # down (it restarted on its own data). Its WAL may hold acknowledged frames
-                # beyond the uploaded ones; seal them, so the next owner continues after them.
-                await asyncio.to_thread(self.engine.seal_local_wal, name)
             return
         await self._deactivate(topic, flush_cursors=unload)
         try:

@@ -160,6 +160,14 @@ class StorageEngine:
         self.load_topic(name)
         return self.unload_topic(name)
 
+    def close_topic(self, topic: TopicName | str) -> None:
+        """Stop serving `topic` as a crash would, but cleanly: flushed, not sealed, files kept
+        (its next owner recovers them). Nothing to do if it is not loaded."""
+        with self._lock:
+            storage = self._topics.pop(_topic(topic), None)
+        if storage is not None:
+            storage.close()
+
     def delete_topic(self, topic: TopicName | str) -> None:
         """Delete `topic`'s storage keys and cursors (and its local WAL if loaded here)."""
         name = _topic(topic)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
@@ -155,6 +156,9 @@ class KeepAlive:
         self._lease = lease
         self._interval_s = interval_s
         self._on_lost = on_lost
+        # Until when (monotonic) etcd surely still holds the lease: a refresh sent at t restarts
+        # its TTL no earlier than t. The lease was just granted or refreshed when this starts.
+        self._held_until = time.monotonic() + lease.ttl_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{lease.id:x}", daemon=True)
         self._thread.start()
@@ -163,10 +167,17 @@ class KeepAlive:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def held_for_s(self) -> float:
+        """Seconds the lease is still surely held (negative: it may have expired; etcd then
+        deletes its keys, and whoever watches them acts on it, such as a leader's failover)."""
+        return self._held_until - time.monotonic() if self.alive else -1.0
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
+            sent = time.monotonic()
             try:
                 self._lease.refresh()
+                self._held_until = sent + self._lease.ttl_s
             except DanubeError as exc:
                 if exc.retriable:
                     logger.warning("keep-alive of lease %x failed, retrying: %s", self._lease.id, exc)

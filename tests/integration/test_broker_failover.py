@@ -398,3 +398,77 @@ def test_a_topic_moved_away_while_its_broker_was_down_is_sealed_when_it_restarts
         for proc in (other, second, first):
             if proc is not None:
                 proc.stop()
+
+
+def test_a_broker_cut_off_from_etcd_stops_acknowledging_before_its_registration_can_expire(tmp_path, unique_name):
+    """etcd stopped (SIGSTOP) under a producing client: the broker acknowledges nothing once its
+    registration lease may have expired (its TTL, less a margin, after the last refresh etcd
+    answered), since the leader may then fail its topics over and the next owner hand out the
+    same offsets (the soak, issue 43: 20 s of acknowledged messages at offsets handed out again).
+    After etcd is back it registers again, takes messages, and every acknowledged one is in its
+    WAL once, at offsets handed out once."""
+    import signal
+
+    from danube_core.embedded_etcd import EmbeddedEtcd
+
+    ttl_s = 3
+    coordination = {"register_ttl_seconds": ttl_s, "leader_ttl_seconds": 2, "leader_check_interval_seconds": 0.2,
+                    "lookup_wait_seconds": 10}
+    topic = f"/default/{unique_name('cut-off')}"
+    acked: list[tuple[float, int]] = []
+    stopped_at: list[float] = []
+
+    async def produce(url: str, until: float) -> None:
+        from danube import ProducerOptions
+
+        client, producer = await reliable_producer(url, topic, "p", ProducerOptions(max_retries=0))
+        i = len(acked)
+        while time.monotonic() < until:
+            try:
+                await asyncio.wait_for(producer.send(f"c-{i}".encode()), 2)
+                acked.append((time.monotonic(), i))
+            except Exception:  # refused or timed out: not acknowledged (a new producer after it)
+                await asyncio.sleep(0.2)
+                try:
+                    await producer.close()
+                except Exception:
+                    pass
+                try:
+                    client, producer = await reliable_producer(url, topic, f"p{i}", ProducerOptions(max_retries=0))
+                except Exception:
+                    await asyncio.sleep(0.2)
+                    continue
+            i += 1
+            if len(acked) == 20 and not stopped_at:
+                os.kill(etcd.process.pid, signal.SIGSTOP)
+                stopped_at.append(time.monotonic())
+            await asyncio.sleep(0.05)
+
+    with EmbeddedEtcd() as etcd:
+        broker = BrokerProcess(etcd.endpoint, tmp_path, "a", str(tmp_path / "cloud"), coordination=coordination).start()
+        try:
+            run_admin(etcd.endpoint, "topics", "create", topic)
+            eventually(lambda: _owner(etcd.endpoint, topic) == broker.broker_id, 20)
+
+            async def scenario() -> None:
+                producing = asyncio.ensure_future(produce(broker.url, time.monotonic() + 40))
+                while not stopped_at:
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(ttl_s + 3)
+                os.kill(etcd.process.pid, signal.SIGCONT)
+                await producing
+
+            asyncio.run(scenario())
+        finally:
+            os.kill(etcd.process.pid, signal.SIGCONT)
+            broker.stop()
+    stopped = stopped_at[0]
+    during = [t - stopped for t, _ in acked if stopped + ttl_s - 0.5 <= t <= stopped + ttl_s + 3]
+    assert during == [], f"acknowledged {len(during)} message(s) while the registration may have expired: {during}"
+    after = [i for t, i in acked if t > stopped + ttl_s + 3]
+    assert after, "no message acknowledged after etcd came back"
+    stored = _wal_offsets(broker.wal_dir)
+    offsets = [offset for offset, _ in stored]
+    assert len(offsets) == len(set(offsets)), "an offset was handed out twice"
+    payloads = {payload for _, payload in stored}
+    assert {f"c-{i}".encode() for _, i in acked} <= payloads
