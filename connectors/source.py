@@ -201,8 +201,11 @@ class DanubeDataSource(DataSource):
     def schema(self) -> StructType:
         return spark_schema(self.parsed.include_source)
 
-    def _projected(self, schema: StructType) -> DanubeOptions:
-        """The options with the columns `schema` names (a user's `.schema(...)`, or ours)."""
+    def _projected(self, schema: StructType | None) -> DanubeOptions:
+        """The options with the columns `schema` names (a user's `.schema(...)`, or ours; None,
+        from a caller other than Spark: all of them)."""
+        if schema is None:
+            return self.parsed
         return replace(self.parsed, columns=projected_columns(schema, self.parsed.include_source))
 
     @plain_config_errors
