@@ -58,10 +58,6 @@ LOAD_RETRY_FIRST_S = 0.5  # a topic that failed to load is loaded again after th
 LOAD_RETRY_MAX_S = 5.0     # up to this
 
 
-# A broker stops taking messages this long before its registration lease may expire: the
-# leader fails its topics over when etcd deletes the registration, and the next owner hands
-# out offsets from what was uploaded and what this broker's WAL held by then.
-REGISTRATION_MARGIN_S = 1.0
 
 
 class AssignmentListener(Protocol):
@@ -166,13 +162,13 @@ class ClusterMembership:
         if self._on_registered is not None:
             self._on_registered(lease.id)
 
-    def registration_held(self) -> bool:
-        """Whether etcd surely still holds this broker's registration (with a margin): a broker
-        whose lease may have expired takes no message, since the leader may be moving its
-        topics (found by the soak, issue 43: a broker cut off from etcd for 5 s took messages
-        for 20 s more at offsets its topic's next owner handed out again)."""
+    def registration_held(self, margin_s: float = 0.0) -> bool:
+        """Whether etcd surely still holds this broker's registration `margin_s` from now: a
+        broker whose lease may have expired takes and acknowledges no message, since the leader
+        may be moving its topics (found by the soak, issue 43: a broker cut off from etcd for
+        5 s took messages for 20 s more at offsets its topic's next owner handed out again)."""
         keep_alive = self._keep_alive
-        return keep_alive is not None and keep_alive.held_for_s() > REGISTRATION_MARGIN_S
+        return keep_alive is not None and keep_alive.held_for_s() > margin_s
 
     def _on_lease_lost(self, error: DanubeError) -> None:
         if self._stop.is_set():

@@ -70,6 +70,15 @@ class Lookup:
     connect_url: str
 
 
+# A broker stops taking messages this long before its registration lease may expire: the
+# leader fails its topics over when etcd deletes the registration, and the next owner hands
+# out offsets from what was uploaded and what this broker's WAL held by then. A message taken
+# is acknowledged only while the lease cannot have expired yet (margin 0): its frame is then
+# on disk before the next owner reads this WAL. The margin between the two is the time a
+# frame has to reach the disk; one that takes longer is refused after it was stored, and the
+# client's retry stores it twice (a duplicate, never a loss).
+TAKE_MARGIN_S = 1.5
+
 class BrokerService:
     """Local topics, producers and consumers of one broker process."""
 
@@ -89,7 +98,7 @@ class BrokerService:
         # Messages are taken only while etcd surely holds this broker's registration (the
         # membership's `registration_held`, set once it has joined) and not between a lapse
         # and the check of which topics are still assigned here (`on_registration_renewed`).
-        self.registration_held: Callable[[], bool] = lambda: True
+        self.registration_held: Callable[[float], bool] = lambda margin_s: True
         self._lapsed = False
 
     # ---- producers --------------------------------------------------------------------------
@@ -119,15 +128,15 @@ class BrokerService:
         if topic.name.broker_name != msg.msg_id.topic_name:
             raise InvalidRequestError(f"producer {producer_id} is attached to {topic.name}, "
                                       f"not to msg_id.topic_name {msg.msg_id.topic_name!r}")
-        self._check_registration(topic.name)
+        self._check_registration(topic.name, TAKE_MARGIN_S)
         offset = await topic.publish(msg)
         # Acknowledged only if the registration still surely held once the frame was on disk:
         # the topic's next owner (after a failover) continues after what this WAL held then.
-        self._check_registration(topic.name)
+        self._check_registration(topic.name, 0.0)
         return offset
 
-    def _check_registration(self, name: TopicName) -> None:
-        if self._lapsed or not self.registration_held():
+    def _check_registration(self, name: TopicName, margin_s: float) -> None:
+        if self._lapsed or not self.registration_held(margin_s):
             raise TopicMovedError(f"broker {self.broker_id} takes no message for {name}: etcd may no longer hold "
                                   "its registration, so the topic may be moving; look it up again")
 

@@ -39,20 +39,6 @@ from pipelines.subject_schemas import SubjectSchemas
 
 logger = logging.getLogger(__name__)
 
-# The source's columns `prepare` reads, named in the pipeline's read schema so only they are
-# decoded and sent to the JVM (`connectors.schema.projected_columns`): every one but
-# `producer_id`, which no table keeps (a decimal(20,0): a BigInteger per row in the JVM).
-SOURCE_COLUMNS = ("topic", "partition", "offset", "publish_time", "producer_name", "payload", "attributes",
-                  "schema_id", "schema_version", "source")
-
-
-def source_schema(include_source: bool) -> StructType:
-    """The schema a pipeline reads its topics with: `SOURCE_COLUMNS` of the source's own."""
-    from connectors.schema import spark_schema
-
-    return StructType([f for f in spark_schema(include_source).fields if f.name in SOURCE_COLUMNS])
-
-
 META_COLUMNS = (
     "_topic", "_partition", "_offset", "_publish_time", "_producer_name",
     "_schema_id", "_schema_version", "_source", "_attributes",

@@ -35,7 +35,7 @@ from pipelines.batch_hooks import NO_HOOKS, BatchHooks
 from pipelines.batch_trail import check_checkpoint, pipeline_tables, read_trail
 from pipelines.checkpoint_state import read_state
 from pipelines.config import AVAILABLE_NOW, PipelineConfig, SourceConfig
-from pipelines.decode import Decoder, source_schema
+from pipelines.decode import Decoder
 from pipelines.delta_sink import DeltaBatchWriter
 from pipelines.expectations import QualityGate
 from pipelines.metrics import PipelineMetrics
@@ -151,7 +151,6 @@ class PipelineRunner:
         except ConfigError as exc:
             raise ConfigError(f"{config.file}: source: {exc}") from exc
         check_trigger_limits(config, spark.version if spark is not None else running_spark_version())
-        self.include_source = parsed.include_source
         # Before the session, which takes tens of seconds to start: a wrong etcd endpoint,
         # storage URL or subject fails in about a second, naming the key to fix; so does a
         # metrics port in use (`metrics.port`), bound here for whoever runs the pipeline.
@@ -202,8 +201,7 @@ class PipelineRunner:
         writer = DeltaBatchWriter(self.config, self.decoder, self.gate, self.options, self.metadata, self.metrics,
                                   hooks=self.hooks)
         self._writer = writer
-        stream = observe_input(self.spark.readStream.format("danube").options(**self.options)
-                               .schema(source_schema(self.include_source)).load())
+        stream = observe_input(self.spark.readStream.format("danube").options(**self.options).load())
         builder = (
             stream.writeStream.queryName(self.config.name)
             .foreachBatch(writer)
