@@ -147,6 +147,12 @@ while True:
     if caught_up or not query.isActive or samples[-1]["elapsed_s"] >= watch_timeout_s:
         break
     time.sleep(poll_interval_s)
+# The pipeline commits the cursor inside its batch, so the lag reaches 0 a moment before Spark
+# posts that batch's progress: wait for the progress of every row the pipeline wrote (the
+# table below is read from it), within the same timeout.
+while (query.isActive and time.monotonic() - started < watch_timeout_s
+       and sum(p.numInputRows for p in query.recentProgress) < runner.metrics.totals()["rows"]):
+    time.sleep(poll_interval_s)
 failure = query.exception()
 if failure is not None:
     runner.stop()
